@@ -1,0 +1,209 @@
+"""Per-token-group activation quantization (1 x group), Triton kernel + public API.
+
+    q, scales = per_token_group_quant(x, 128)                       # fp8, FP32 row-major
+    q, scales = per_token_group_quant(x, 128, scale_layout="col_tma")  # DeepGEMM SM90 A
+    q, scales = per_token_group_quant(x, 128, scale_layout="ue8m0")    # DeepGEMM SM100 A
+
+One pass over the input: each program loads a [BLOCK_M, GPP, group] tile, computes the
+finite amax of each group, the scale (amax/qmax, or rounded up to a power of two), the
+quantized values, and writes the scales in the requested layout itself, including the
+packed UE8M0 words (four groups per int32), so no second pass re-lays out the scales.
+
+NaN/Inf: the scale comes from the finite amax of the group (NaN and +-Inf ignored);
+NaN stays NaN in fp8 (0 in int8), +-Inf saturates to +-qmax. An all-zero group gets
+scale eps/qmax and zero values.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from rtp_fp8 import triton_env
+from rtp_fp8.quant import layout as L
+
+OUT_DTYPES = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+BACKENDS = ("triton", "cuda", "reference")
+
+
+@triton.jit
+def _rint(y):
+    # Round half to even for |y| < 2**22 (int8 range): the fp32 add rounds to nearest even.
+    magic = 12582912.0  # 1.5 * 2**23
+    return (y + magic) - magic
+
+
+@triton.jit
+def _per_token_group_quant_kernel(
+    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax,
+    NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
+    POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    groups = pid_g * GPP + tl.arange(0, GPP)
+    cols = tl.arange(0, GROUP)
+    rmask = rows < M
+    gmask = groups < NUM_GROUPS
+    rows64 = rows.to(tl.int64)
+    kofs = groups[None, :, None] * GROUP + cols[None, None, :]
+    mask = rmask[:, None, None] & gmask[None, :, None]
+    x = tl.load(x_ptr + rows64[:, None, None] * stride_xm + kofs, mask=mask, other=0.0).to(tl.float32)
+
+    ax = tl.abs(x)
+    amax = tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=2)  # NaN and Inf compare false
+    scale = tl.math.div_rn(tl.maximum(amax, eps), qmax)
+    if POW2:
+        bits = scale.to(tl.int32, bitcast=True)
+        expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        scale = (expo << 23).to(tl.float32, bitcast=True)
+
+    y = tl.math.div_rn(x, scale[:, :, None])
+    y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    if INT8:
+        y = tl.where(x != x, 0.0, _rint(y))
+    else:
+        y = tl.where(x != x, x, y)
+    tl.store(q_ptr + rows64[:, None, None] * stride_qm + kofs, y.to(q_ptr.dtype.element_ty), mask=mask)
+
+    if PACKED:
+        expo = tl.where(gmask[None, :], (scale.to(tl.int32, bitcast=True) >> 23) & 0xFF, 0)
+        shift = (groups % 4) * 8
+        byte = expo << shift[None, :]
+        word = tl.sum(tl.reshape(byte, (BLOCK_M, GPP // 4, 4)), axis=2)
+        widx = pid_g * (GPP // 4) + tl.arange(0, GPP // 4)
+        wmask = rmask[:, None] & (widx[None, :] < (NUM_GROUPS + 3) // 4)
+        tl.store(s_ptr + rows64[:, None] * stride_sm + widx[None, :] * stride_sg, word, mask=wmask)
+    else:
+        smask = rmask[:, None] & gmask[None, :]
+        tl.store(s_ptr + rows64[:, None] * stride_sm + groups[None, :] * stride_sg, scale, mask=smask)
+
+
+def _launch_config(m: int, num_groups: int, group: int, packed: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, GPP, num_warps, num_stages) from shape buckets; measured in bench/quant.py."""
+    gpp = 4 if packed or num_groups % 4 == 0 else (2 if num_groups % 2 == 0 else 1)
+    if packed:
+        gpp = 4
+    elems = 4096 if triton_env.interpreting() else 4096
+    block_m = max(1, min(32, elems // (gpp * group)))
+    block_m = min(block_m, triton.next_power_of_2(max(m, 1)))
+    if triton_env.interpreting():  # fewer, larger programs: interpreter cost is per program
+        block_m = min(64, triton.next_power_of_2(max(m, 1)))
+    return block_m, gpp, 4, 1
+
+
+def _validate(x, group_size, out_dtype, scale_layout):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in IN_DTYPES:
+        raise TypeError(f"x must be one of {IN_DTYPES}, got {x.dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.int8, got {out_dtype}")
+    L.check_layout_name(scale_layout)
+    if scale_layout == "ue8m0" and out_dtype != torch.float8_e4m3fn:
+        raise ValueError("scale_layout='ue8m0' needs out_dtype=torch.float8_e4m3fn")
+    if not isinstance(group_size, int) or group_size < 16 or group_size > 1024 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two in [16, 1024], got {group_size!r}")
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension K, got shape {tuple(x.shape)}")
+    if x.shape[-1] % group_size:
+        raise ValueError(f"x's last dimension K={x.shape[-1]} is not divisible by group_size={group_size}")
+    if x.stride(-1) != 1:
+        raise ValueError(f"x must be contiguous in its last dimension, got strides {x.stride()}")
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dim() == 2 and x2.shape[0] > 1 and x2.stride(1) != 1:
+        raise ValueError(f"x must be contiguous in its last dimension, got strides {x.stride()}")
+    return x2
+
+
+def default_backend() -> str:
+    """RTP_FP8_QUANT_BACKEND forces 'triton', 'cuda' or 'reference' (rollback, A/B)."""
+    forced = os.environ.get("RTP_FP8_QUANT_BACKEND", "")
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"RTP_FP8_QUANT_BACKEND must be one of {BACKENDS}, got {forced!r}")
+    return forced
+
+
+def _cuda_ext_available() -> bool:
+    from rtp_fp8 import _ext
+
+    return _ext.available()
+
+
+def choose_backend(x: torch.Tensor, backend: str | None) -> str:
+    backend = backend or default_backend()
+    if backend:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "cuda" and not (x.is_cuda and _cuda_ext_available()):
+            raise ValueError("backend='cuda' needs a CUDA input and the compiled extension (rtp_fp8._C)")
+        return backend
+    return "cuda" if x.is_cuda and _cuda_ext_available() else "triton"
+
+
+def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int,
+                               scale_layout: str = "row", pow2: bool = False, eps: float = 1e-10,
+                               backend: str | None = None) -> None:
+    """Quantize x [..., K] into preallocated q [..., K] and scales (CUDA-graph safe)."""
+    _validate(x, group_size, q.dtype if isinstance(q, torch.Tensor) else None, scale_layout)
+    if not isinstance(q, torch.Tensor) or q.shape != x.shape or q.stride(-1) != 1:
+        raise ValueError(f"q must be a tensor of x's shape {tuple(x.shape)}, contiguous in its last dim")
+    if q.device != x.device:
+        raise ValueError(f"q is on {q.device}, expected {x.device} (same device as x)")
+    x2 = _rows_view(x)
+    q2 = q.view(-1, q.shape[-1]) if q.is_contiguous() else q.reshape(-1, q.shape[-1])
+    if q2.data_ptr() != q.data_ptr() or (q2.shape[0] > 1 and q2.stride(0) != q.stride(-2)):
+        raise ValueError("q must be viewable as [rows, K] without a copy")
+    m, k = x2.shape
+    g = k // group_size
+    L.check_scales(scales, (), m, g, scale_layout, "scales", x.device)
+    if eps <= 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    pow2 = pow2 or scale_layout == "ue8m0"
+    backend = choose_backend(x, backend)
+    if m == 0:
+        return
+    if backend == "reference":
+        from rtp_fp8.quant import reference as R
+
+        qr, sr = R.per_token_group_quant_ref(x2, group_size, q.dtype, pow2, eps)
+        q2.copy_(qr)
+        scales.copy_(L.to_layout(sr, scale_layout))
+        return
+    if backend == "cuda":
+        from rtp_fp8 import _ext
+
+        _ext.per_token_group_quant(x2, q2, scales, group_size, scale_layout, pow2, eps)
+        return
+    packed = scale_layout == "ue8m0"
+    block_m, gpp, warps, stages = _launch_config(m, g, group_size, packed)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(g, gpp))
+    _per_token_group_quant_kernel[grid](
+        x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
+        OUT_DTYPES[q.dtype], NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
+        POW2=pow2, PACKED=packed, INT8=q.dtype == torch.int8, num_warps=warps, num_stages=stages,
+    )
+
+
+def per_token_group_quant(x: torch.Tensor, group_size: int = 128, out_dtype: torch.dtype = torch.float8_e4m3fn,
+                          scale_layout: str = "row", pow2: bool = False, eps: float = 1e-10,
+                          backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (q [..., K], scales [rows, K/group] in `scale_layout`).
+
+    pow2 rounds FP32 scales up to powers of two (implied by 'ue8m0'). Leading dims of x
+    are flattened into rows for the scales.
+    """
+    _validate(x, group_size, out_dtype, scale_layout)
+    q = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rows = x.numel() // x.shape[-1]
+    scales = L.alloc_scales((), rows, x.shape[-1] // group_size, scale_layout, x.device)
+    per_token_group_quant_into(x, q, scales, group_size, scale_layout, pow2, eps, backend)
+    return q, scales
