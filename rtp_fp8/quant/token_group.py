@@ -151,7 +151,7 @@ def choose_backend(x: torch.Tensor, backend: str | None) -> str:
 
 def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int,
                                scale_layout: str = "row", pow2: bool = False, eps: float = 1e-10,
-                               backend: str | None = None) -> None:
+                               backend: str | None = None, _config: tuple | None = None) -> None:
     """Quantize x [..., K] into preallocated q [..., K] and scales (CUDA-graph safe)."""
     _validate(x, group_size, q.dtype if isinstance(q, torch.Tensor) else None, scale_layout)
     if not isinstance(q, torch.Tensor) or q.shape != x.shape or q.stride(-1) != 1:
@@ -184,7 +184,7 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
         _ext.per_token_group_quant(x2, q2, scales, group_size, scale_layout, pow2, eps)
         return
     packed = scale_layout == "ue8m0"
-    block_m, gpp, warps, stages = _launch_config(m, g, group_size, packed)
+    block_m, gpp, warps, stages = _config or _launch_config(m, g, group_size, packed)
     grid = (triton.cdiv(m, block_m), triton.cdiv(g, gpp))
     _per_token_group_quant_kernel[grid](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,

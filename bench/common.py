@@ -1,0 +1,52 @@
+"""Benchmark helpers: ceilings measured in the same run, medians, environment line."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from rtp_fp8.arch import detect
+
+
+def median_ms(fn, warmup=25, rep=200) -> float:
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, bytes read + written, median."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a))
+    return 2 * a.numel() * a.element_size() / (ms * 1e-3) / 1e9
+
+
+def fp8_gemm_tflops(n: int = 8192) -> float:
+    """cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm), median TFLOP/s."""
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device="cuda")
+    ms = median_ms(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def environment() -> dict:
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        drv = "?"
+    return {
+        "gpu": torch.cuda.get_device_name(), "arch": str(detect()),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+        "driver": drv, "python": platform.python_version(),
+    }
+
+
+def dump(path, payload):
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
