@@ -44,7 +44,10 @@ def _quant_rows(w: torch.Tensor, block: int, pow2: bool, eps: float):
     scale = amax.clamp(min=eps) / FP8_MAX
     if pow2:
         scale = ue8m0.ceil_pow2(scale)
-    q = (blocks / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    # float64 division rounded once to fp32 = the correctly rounded fp32 quotient on any
+    # device (a GPU's fp32 tensor division need not be), so CPU and GPU give equal bytes.
+    y = (blocks.double() / scale[:, :, None, :, None].double()).float()
+    q = y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     q = q.view(b, nb * block, kb * block)[:, :n, :k]
     return q, scale
 

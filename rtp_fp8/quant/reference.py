@@ -24,9 +24,13 @@ def _finite_amax(x: torch.Tensor, dims) -> torch.Tensor:
 
 
 def quantize_with_scale_ref(x: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """x / scale (fp32, IEEE), clamp to the format max, cast (fp8 RNE / int8 RNE; NaN: fp8 NaN, int8 0)."""
+    """x / scale correctly rounded to fp32, clamp to the format max, cast (RNE; NaN: fp8 NaN, int8 0).
+
+    Computed on the CPU in float64 (an fp32 quotient rounded from the float64 one is the
+    correctly rounded fp32 quotient), so the oracle does not depend on a device's division.
+    """
     qmax = FP8_MAX[out_dtype]
-    y = (x.float() / scale).clamp(-qmax, qmax)
+    y = (x.cpu().double() / scale.cpu().double()).float().clamp(-qmax, qmax)
     if out_dtype == torch.int8:
         return torch.nan_to_num(torch.round(y), nan=0.0).to(torch.int8)
     return y.to(out_dtype)
@@ -36,7 +40,7 @@ def per_token_group_quant_ref(x: torch.Tensor, group_size: int, out_dtype=torch.
                               pow2: bool = False, eps: float = 1e-10):
     """-> (q [..., K], scales fp32 [..., K/group]) row-major."""
     *lead, k = x.shape
-    xf = x.float().reshape(*lead, k // group_size, group_size)
+    xf = x.cpu().float().reshape(*lead, k // group_size, group_size)
     amax = _finite_amax(xf, -1)
     scale = amax.clamp(min=eps) / FP8_MAX[out_dtype]
     if pow2:
@@ -49,7 +53,7 @@ def block_quant_ref(w: torch.Tensor, block: int = 128, pow2: bool = False, eps: 
     """Weights [*batch, N, K] -> (fp8 [*batch, N, K], fp32 scales [*batch, ceil(N/b), ceil(K/b)]), block by block."""
     *batch, n, k = w.shape
     nb, kb = -(-n // block), -(-k // block)
-    flat = w.reshape(-1, n, k)
+    flat = w.cpu().reshape(-1, n, k)
     q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn)
     s = torch.empty(flat.shape[0], nb, kb, dtype=torch.float32)
     for b in range(flat.shape[0]):

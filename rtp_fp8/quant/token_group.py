@@ -84,6 +84,55 @@ def _per_token_group_quant_kernel(
         tl.store(s_ptr + rows64[:, None] * stride_sm + groups[None, :] * stride_sg, scale, mask=smask)
 
 
+@triton.jit
+def _per_token_group_quant_seg_kernel(
+    x_ptr, q_ptr, s_ptr, NSEG, stride_sm, stride_sg, eps, qmax,
+    NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr,
+    POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr,
+):
+    """Contiguous input and output: SEG consecutive (row, group) segments per program."""
+    pid = tl.program_id(0)
+    seg = pid.to(tl.int64) * SEG + tl.arange(0, SEG)
+    smask = seg < NSEG
+    offs = seg[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + offs, mask=smask[:, None], other=0.0, eviction_policy="evict_first").to(tl.float32)
+
+    ax = tl.abs(x)
+    amax = tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=1)
+    scale = tl.math.div_rn(tl.maximum(amax, eps), qmax)
+    if POW2:
+        bits = scale.to(tl.int32, bitcast=True)
+        expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        scale = (expo << 23).to(tl.float32, bitcast=True)
+    y = tl.math.div_rn(x, scale[:, None])
+    y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    if INT8:
+        y = tl.where(x != x, 0.0, _rint(y))
+    else:
+        y = tl.where(x != x, x, y)
+    tl.store(q_ptr + offs, y.to(q_ptr.dtype.element_ty), mask=smask[:, None])
+
+    if PACKED:  # NUM_GROUPS % 4 == 0 and SEG % 4 == 0: a word never straddles rows or programs
+        g = seg % NUM_GROUPS
+        byte = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF) << ((g % 4) * 8).to(tl.int32)
+        word = tl.sum(tl.reshape(byte, (SEG // 4, 4)), axis=1)
+        first = pid.to(tl.int64) * SEG + tl.arange(0, SEG // 4) * 4
+        row = first // NUM_GROUPS
+        widx = (first % NUM_GROUPS) // 4
+        tl.store(s_ptr + row * stride_sm + widx * stride_sg, word, mask=first < NSEG)
+    else:
+        row = seg // NUM_GROUPS
+        tl.store(s_ptr + row * stride_sm + (seg % NUM_GROUPS) * stride_sg, scale, mask=smask)
+
+
+def _seg_config(m: int, num_groups: int, group: int) -> tuple[int, int]:
+    """(SEG, num_warps) for the contiguous kernel; from bench/quant.py --sweep on an H200."""
+    if triton_env.interpreting():
+        return max(4, min(256, triton.next_power_of_2(m * num_groups))), 1
+    seg = max(4, 2048 // group)
+    return seg, 4
+
+
 def _launch_config(m: int, num_groups: int, group: int, packed: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, GPP, num_warps, num_stages) from shape buckets; measured in bench/quant.py."""
     gpp = 4 if packed or num_groups % 4 == 0 else (2 if num_groups % 2 == 0 else 1)
@@ -184,6 +233,15 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
         _ext.per_token_group_quant(x2, q2, scales, group_size, scale_layout, pow2, eps)
         return
     packed = scale_layout == "ue8m0"
+    contiguous = x2.stride(0) == k and q2.stride(0) == k
+    if contiguous and (not packed or g % 4 == 0) and (_config is None or len(_config) == 2):
+        seg, warps = _config or _seg_config(m, g, group_size)
+        _per_token_group_quant_seg_kernel[(triton.cdiv(m * g, seg),)](
+            x2, q2, scales, m * g, scales.stride(0), scales.stride(1), eps, OUT_DTYPES[q.dtype],
+            NUM_GROUPS=g, GROUP=group_size, SEG=seg, POW2=pow2, PACKED=packed, INT8=q.dtype == torch.int8,
+            num_warps=warps,
+        )
+        return
     block_m, gpp, warps, stages = _config or _launch_config(m, g, group_size, packed)
     grid = (triton.cdiv(m, block_m), triton.cdiv(g, gpp))
     _per_token_group_quant_kernel[grid](

@@ -94,6 +94,20 @@ def test_large_shapes_and_3d_input(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_strided_rows_take_the_tiled_kernel(device, layout):
+    # rows with stride > K (a slice of a wider buffer) and non-contiguous q
+    big = _rand(37, 1024, torch.bfloat16, device, seed=21)
+    x = big[:, 128:640]
+    q = poison_(torch.empty(37, 1024, dtype=torch.float8_e4m3fn, device=device))[:, :512]
+    s = L.alloc_scales((), 37, 4, layout, device)
+    T.per_token_group_quant_into(x, q, s, 128, layout)
+    qr, sr = _expected(x, 128, torch.float8_e4m3fn, layout)
+    assert_bits_equal(q.cpu(), qr)
+    assert_bits_equal(s.cpu(), sr)
+
+
 def test_k_not_multiple_of_four_groups_pads_with_zero_bytes(device):
     x = _rand(6, 5 * 128, torch.bfloat16, device, seed=5)  # 5 groups -> 2 words, 3 pad bytes
     q, s = T.per_token_group_quant(x, 128, scale_layout="ue8m0")
