@@ -94,7 +94,6 @@ def test_large_shapes_and_3d_input(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_strided_rows_take_the_tiled_kernel(device, layout):
     # rows with stride > K (a slice of a wider buffer) and non-contiguous q
@@ -108,6 +107,7 @@ def test_strided_rows_take_the_tiled_kernel(device, layout):
     assert_bits_equal(s.cpu(), sr)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_k_not_multiple_of_four_groups_pads_with_zero_bytes(device):
     x = _rand(6, 5 * 128, torch.bfloat16, device, seed=5)  # 5 groups -> 2 words, 3 pad bytes
     q, s = T.per_token_group_quant(x, 128, scale_layout="ue8m0")
