@@ -41,7 +41,9 @@ def _quant_rows(w: torch.Tensor, block: int, pow2: bool, eps: float):
     ax = blocks.abs()
     amax = torch.where(torch.isfinite(ax), ax, torch.zeros_like(ax)).amax(dim=(2, 4))
     del ax
-    scale = amax.clamp(min=eps) / FP8_MAX
+    # Divide in float64 and round once: torch divides a CUDA tensor by a Python scalar
+    # through its (inexact) reciprocal, which would make GPU scales differ from CPU ones.
+    scale = (amax.clamp(min=eps).double() / FP8_MAX).float()
     if pow2:
         scale = ue8m0.ceil_pow2(scale)
     # float64 division rounded once to fp32 = the correctly rounded fp32 quotient on any

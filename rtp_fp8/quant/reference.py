@@ -42,7 +42,7 @@ def per_token_group_quant_ref(x: torch.Tensor, group_size: int, out_dtype=torch.
     *lead, k = x.shape
     xf = x.cpu().float().reshape(*lead, k // group_size, group_size)
     amax = _finite_amax(xf, -1)
-    scale = amax.clamp(min=eps) / FP8_MAX[out_dtype]
+    scale = (amax.clamp(min=eps).double() / FP8_MAX[out_dtype]).float()
     if pow2:
         scale = pow2_ceil_ref(scale)
     q = quantize_with_scale_ref(xf, scale[..., None], out_dtype).reshape(*lead, k)
@@ -60,7 +60,7 @@ def block_quant_ref(w: torch.Tensor, block: int = 128, pow2: bool = False, eps: 
         for i in range(nb):
             for j in range(kb):
                 blk = flat[b, i * block:(i + 1) * block, j * block:(j + 1) * block].float()
-                sc = _finite_amax(blk, (0, 1)).clamp(min=eps) / 448.0
+                sc = (_finite_amax(blk, (0, 1)).clamp(min=eps).double() / 448.0).float()
                 if pow2:
                     sc = pow2_ceil_ref(sc)
                 s[b, i, j] = sc
