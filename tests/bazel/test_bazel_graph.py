@@ -1,0 +1,114 @@
+"""The Bazel layer, checked statically: the graph of the real files passes, and
+deliberately broken copies each fail with a message naming what is wrong."""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tools import bazel_graph, gen_test_build
+from tools import toolchains as tcmod
+
+ROOT = tcmod.REPO_ROOT
+
+
+def test_graph_of_main_passes():
+    assert bazel_graph.check(ROOT) == []
+
+
+def test_tests_build_file_is_current():
+    assert gen_test_build.main(["--check"]) == 0
+
+
+def test_every_toolchain_has_hub_update_and_unmanual_test():
+    g = bazel_graph.evaluate(ROOT)
+    hubs = {kw["hub_name"] for ext, tag, kw in g.ext_tags if tag == "parse"}
+    for name in tcmod.load(ROOT).lock_sets:
+        assert f"pypi_{name}" in hubs
+        assert g.targets[f"//deps:{name}.update"].attrs["args"] == ["update", name]
+        t = g.targets[f"//deps:{name}.test"]
+        assert "manual" not in t.attrs.get("tags", []) and t.attrs["args"] == ["check", name]
+        online = g.targets[f"//deps:{name}.online_test"]
+        assert "requires-network" in online.attrs["tags"]
+
+
+def test_gpu_test_tags():
+    g = bazel_graph.evaluate(ROOT)
+    t = g.targets["//tests:quant_test_token_group"]
+    assert t.attrs["tags"] == ["gpu", "gpu_sm100", "gpu_sm120", "gpu_sm90", "exclusive-if-local", "resources:gpu:1"]
+    assert t.attrs["exec_properties"] == {"test.Pool": "gpu"}
+    assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "exclusive-if-local", "resources:gpu:1"]
+
+
+@pytest.fixture
+def copy(tmp_path):
+    ignore = shutil.ignore_patterns(".git", ".venv", ".venv-lock", "node_modules", "__pycache__", ".*cache*")
+    shutil.copytree(ROOT, tmp_path / "r", ignore=ignore)
+    return tmp_path / "r"
+
+
+def _edit(path: pathlib.Path, old: str, new: str):
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _fails(root, needle):
+    problems = bazel_graph.check(root)
+    assert any(needle in p for p in problems), problems
+
+
+def test_test_file_without_target_fails(copy):
+    (copy / "tests/quant/test_orphan.py").write_text("def test_x():\n    pass\n")
+    _fails(copy, "tests/quant/test_orphan.py: belongs to 0 test targets")
+
+
+def test_manual_lock_test_fails(copy):
+    _edit(copy / "deps/BUILD.bazel", 'size = "small",', 'size = "small",\n    tags = ["manual"],')
+    _fails(copy, "//deps:cpu.test is tagged manual")
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        ("rtp_fp8/BUILD.bazel", 'imports = [".."],', 'importz = [".."],', "has no attribute(s) ['importz']"),
+        ("MODULE.bazel", 'requirements_lock = "//deps:requirements_lock_cpu.txt"',
+         'requirement_lock = "//deps:requirements_lock_cpu.txt"',
+         "pip.parse() has no attribute(s) ['requirement_lock']"),
+        ("suites/defs.bzl", "exec_properties =", "exec_propertys =", "has no attribute(s) ['exec_propertys']"),
+    ],
+)
+def test_misspelled_attribute_fails(copy, path, old, new, needle):
+    _edit(copy / path, old, new)
+    _fails(copy, needle)
+
+
+def test_tag_marker_mismatch_fails(copy):
+    _edit(copy / "tests/BUILD.bazel", '    src = "quant/test_token_group.py",\n    markers = ["gpu"],',
+          '    src = "quant/test_token_group.py",')
+    _fails(copy, "//tests:quant_test_token_group: tags [] but quant/test_token_group.py's markers give")
+
+
+def test_arch_mismatch_fails(copy):
+    _edit(copy / ".bazelrc", "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a;sm_120a",
+          "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a")
+    _fails(copy, ".bazelrc: config cuda13_0 archs ['sm_90a', 'sm_100a'] != toolchains.cuda13_0.nvcc_archs")
+
+
+def test_missing_hub_and_dangling_suite_label_fail(copy):
+    _edit(copy / "MODULE.bazel", '"pypi_cuda12_8", ', "")
+    _edit(copy / "suites/BUILD.bazel", '"//deps:tools.test",', '"//deps:tools.test",\n        "//deps:nope.test",')
+    problems = bazel_graph.check(copy)
+    assert any("use_repo lacks 'pypi_cuda12_8'" in p for p in problems), problems
+    assert any("names //deps:nope.test, which does not exist" in p for p in problems), problems
+
+
+def test_cli_exit_codes(copy):
+    ok = subprocess.run([sys.executable, "-m", "tools.bazel_graph", str(ROOT)], cwd=ROOT, capture_output=True)
+    assert ok.returncode == 0
+    (copy / "tests/test_orphan2.py").write_text("def test_x():\n    pass\n")
+    bad = subprocess.run([sys.executable, "-m", "tools.bazel_graph", str(copy)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert bad.returncode == 1 and "test_orphan2.py" in bad.stdout

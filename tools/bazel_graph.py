@@ -1,0 +1,385 @@
+"""Static check of the Bazel layer: evaluate MODULE.bazel, every BUILD.bazel and .bzl with
+a Starlark interpreter (starlark-pyo3) against stub rules, then check the target graph.
+
+    python3 -m tools.bazel_graph [ROOT]     # prints problems, exit 1 if any
+
+The stubs record every call and reject attribute names the real rules do not have
+(attribute lists from rules_python 2.3.2, rules_cuda 0.3.0, bazel_skylib and Bazel's
+native rules), so a misspelled attribute fails here instead of on a user's machine.
+Checks: every tests/**/test_*.py is the src of exactly one test target whose tags are
+derived from the file's pytest markers; every toolchain of deps/toolchains.toml (and the
+lock tool's set) has a pip hub, an `.update` and a non-manual `.test`; every label a
+test_suite names exists; .bazelrc's CUDA archs and toolchain flags equal toolchains.toml's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import pathlib
+import re
+import sys
+
+import starlark as sl
+
+from tools import gen_test_build
+from tools import toolchains as tcmod
+
+COMMON = {
+    "name", "visibility", "tags", "testonly", "deprecation", "features", "compatible_with",
+    "target_compatible_with", "exec_compatible_with", "exec_properties", "restricted_to", "toolchains",
+    "licenses", "applicable_licenses", "package_metadata", "aspect_hints", "exec_group_compatible_with",
+}
+TEST = {"args", "env", "env_inherit", "size", "timeout", "flaky", "shard_count", "local"}
+BINARY = {"args", "env", "output_licenses"}
+PY = {
+    "srcs", "deps", "data", "imports", "srcs_version", "pyi_srcs", "pyi_deps", "precompile",
+    "precompile_invalidation_mode", "precompile_optimize_level", "precompile_source_retention",
+    "experimental_venvs_site_packages", "namespace_package_files",
+}
+PY_EXEC = {
+    "main", "main_module", "python_version", "stamp", "legacy_create_init", "interpreter_args",
+    "config_settings", "package_collisions", "pyc_collection", "bootstrap_impl", "venvs_use_declare_symlink",
+}
+RULES = {
+    "py_library": COMMON | PY,
+    "py_binary": COMMON | PY | PY_EXEC | BINARY,
+    "py_test": COMMON | PY | PY_EXEC | TEST,
+    "string_flag": COMMON | {"build_setting_default", "values", "scope", "make_variable"},
+    "config_setting": COMMON | {"flag_values", "values", "define_values", "constraint_values"},
+    "filegroup": COMMON | {"srcs", "data", "output_group"},
+    "test_suite": COMMON | {"tests"},
+    "alias": COMMON | {"actual"},
+    "cuda_library": COMMON | {
+        "srcs", "hdrs", "deps", "includes", "alwayslink", "rdc", "copts", "host_copts", "defines",
+        "local_defines", "host_defines", "host_local_defines", "linkopts", "host_linkopts", "ptxasopts", "archs",
+    },
+    "py_wheel": COMMON | {
+        "distribution", "version", "python_tag", "abi", "platform", "compress", "stamp", "requires",
+        "requires_file", "extra_requires", "extra_requires_files", "entry_points", "console_scripts", "author",
+        "author_email", "homepage", "license", "classifiers", "project_urls", "python_requires", "summary",
+        "description_file", "description_content_type", "strip_path_prefixes", "add_path_prefix", "data_files",
+        "extra_distinfo_files", "config_settings", "deps", "twine", "twine_binary", "publish_args", "dist_folder",
+    },
+}
+MODULE_FUNCS = {
+    "module": {"name", "version", "compatibility_level", "repo_name", "bazel_compatibility"},
+    "bazel_dep": {"name", "version", "max_compatibility_level", "repo_name", "dev_dependency"},
+}
+EXT_TAGS = {
+    ("python", "toolchain"): {"python_version", "is_default", "configure_coverage_tool", "ignore_root_user_error"},
+    ("pip", "parse"): {
+        "hub_name", "python_version", "requirements_lock", "requirements_linux", "requirements_darwin",
+        "requirements_windows", "requirements_by_platform", "uv_lock", "experimental_index_url",
+        "experimental_extra_index_urls", "experimental_index_url_overrides", "simpleapi_skip", "parallel_download",
+        "download_only", "extra_pip_args", "environment", "isolated", "quiet", "timeout", "target_platforms",
+        "whl_modifications", "experimental_requirement_cycles", "extra_hub_aliases",
+        "enable_implicit_namespace_pkgs", "pip_data_exclude", "envsubst", "netrc", "auth_patterns",
+        "python_interpreter", "python_interpreter_target",
+    },
+    ("toolchain", "toolkit"): {"name", "toolkit_path", "version", "nvcc_version", "components_mapping"},
+}
+EXTENSIONS = {
+    "@rules_python//python/extensions:python.bzl": "python",
+    "@rules_python//python/extensions:pip.bzl": "pip",
+    "@rules_cuda//cuda:extensions.bzl": "toolchain",
+}
+STUB_BZL = {
+    "@rules_python//python:defs.bzl": ["py_library", "py_binary", "py_test"],
+    "@rules_python//python:packaging.bzl": ["py_wheel"],
+    "@bazel_skylib//rules:common_settings.bzl": ["string_flag"],
+    "@rules_cuda//cuda:defs.bzl": ["cuda_library"],
+}
+NATIVE = ["config_setting", "filegroup", "test_suite", "alias"]
+
+
+class GraphError(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class Target:
+    kind: str
+    package: str
+    attrs: dict
+
+    @property
+    def label(self) -> str:
+        return f"//{self.package}:{self.attrs['name']}"
+
+
+@dataclasses.dataclass
+class Graph:
+    targets: dict = dataclasses.field(default_factory=dict)  # label -> Target
+    exported: set = dataclasses.field(default_factory=set)  # labels of exported/source files
+    module_calls: list = dataclasses.field(default_factory=list)  # (func, kwargs)
+    ext_tags: list = dataclasses.field(default_factory=list)  # (ext, tag, kwargs)
+    use_repo: list = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)
+
+
+class Evaluator:
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self.graph = Graph()
+        self.pkg = ""
+        self.bzl_cache: dict[str, sl.FrozenModule] = {}
+        self.globals = sl.Globals.extended_by([sl.LibraryExtension.StructType])
+
+    # ------------------------------------------------------------------ stubs
+    def _rule(self, kind: str):
+        allowed = RULES[kind]
+
+        def rule(*args, **kw):
+            if args:
+                raise GraphError(f"{self.pkg or '.'}: {kind}() takes keyword arguments only")
+            unknown = sorted(set(kw) - allowed)
+            if unknown:
+                raise GraphError(f"//{self.pkg}: {kind}(name={kw.get('name')!r}) has no attribute(s) {unknown}")
+            if "name" not in kw:
+                raise GraphError(f"//{self.pkg}: {kind}() without name")
+            t = Target(kind, self.pkg, kw)
+            if t.label in self.graph.targets:
+                raise GraphError(f"{t.label} defined twice")
+            self.graph.targets[t.label] = t
+            return None
+
+        return rule
+
+    def _glob(self, include, exclude=(), allow_empty=True, **_):
+        base = self.root / self.pkg
+        out = set()
+        for path in base.rglob("*"):
+            if not path.is_file():
+                continue
+            rel = path.relative_to(base).as_posix()
+            # do not cross into sub-packages
+            parts = pathlib.PurePosixPath(rel).parts
+            if any((base / pathlib.PurePosixPath(*parts[:i]) / "BUILD.bazel").exists() for i in range(1, len(parts))):
+                continue
+            if any(_match(rel, p) for p in include) and not any(_match(rel, p) for p in exclude):
+                out.add(rel)
+        return sorted(out)
+
+    def _exports(self, srcs, visibility=None, licenses=None):
+        for s in srcs:
+            self.graph.exported.add(f"//{self.pkg}:{s}")
+
+    def _stub_module(self, names) -> sl.FrozenModule:
+        m = sl.Module()
+        for n in names:
+            m.add_callable(n, self._rule(n))
+        return m.freeze()
+
+    def _base_module(self) -> sl.Module:
+        m = sl.Module()
+        for n in NATIVE:
+            m.add_callable(n, self._rule(n))
+        m.add_callable("glob", self._glob)
+        # list-valued: in Bazel `list + select()` is valid; this keeps `+` working here
+        m.add_callable("select", lambda d, no_match_error="": [{"__select__": d}])
+        m.add_callable("exports_files", self._exports)
+        m.add_callable("package", lambda **kw: None)
+        return m
+
+    # ------------------------------------------------------------------ loading
+    def _label_path(self, label: str, pkg: str) -> pathlib.Path:
+        if label.startswith(":"):
+            return self.root / pkg / label[1:]
+        if label.startswith("//"):
+            p, _, f = label[2:].partition(":")
+            return self.root / p / f
+        raise GraphError(f"//{pkg}: cannot load {label!r}")
+
+    def _loader(self, pkg: str):
+        def load(label: str) -> sl.FrozenModule:
+            if label in STUB_BZL:
+                return self._stub_module(STUB_BZL[label])
+            path = self._label_path(label, pkg)
+            key = str(path)
+            if key not in self.bzl_cache:
+                if not path.exists():
+                    raise GraphError(f"//{pkg}: load of missing file {label}")
+                mod = self._base_module()
+                rel_pkg = path.parent.relative_to(self.root).as_posix()
+                ast = sl.parse(str(path.relative_to(self.root)), path.read_text(encoding="utf-8"))
+                sl.eval(mod, ast, self.globals, sl.FileLoader(self._loader(rel_pkg if rel_pkg != "." else "")))
+                self.bzl_cache[key] = mod.freeze()
+            return self.bzl_cache[key]
+
+        return load
+
+    def eval_build(self, path: pathlib.Path) -> None:
+        pkg = path.parent.relative_to(self.root).as_posix()
+        self.pkg = "" if pkg == "." else pkg
+        mod = self._base_module()
+        ast = sl.parse(str(path.relative_to(self.root)), path.read_text(encoding="utf-8"))
+        sl.eval(mod, ast, self.globals, sl.FileLoader(self._loader(self.pkg)))
+
+    def eval_module(self) -> None:
+        path = self.root / "MODULE.bazel"
+        mod = sl.Module()
+        g = self.graph
+
+        def func(name):
+            def f(*args, **kw):
+                unknown = sorted(set(kw) - MODULE_FUNCS[name])
+                if unknown:
+                    raise GraphError(f"MODULE.bazel: {name}() has no attribute(s) {unknown}")
+                g.module_calls.append((name, kw))
+
+            return f
+
+        for name in MODULE_FUNCS:
+            mod.add_callable(name, func(name))
+
+        def tag(ext, tag_name, kw):
+            allowed = EXT_TAGS.get((ext, tag_name))
+            if allowed is None:
+                raise GraphError(f"MODULE.bazel: extension {ext!r} has no tag class {tag_name!r}")
+            unknown = sorted(set(kw) - allowed)
+            if unknown:
+                raise GraphError(f"MODULE.bazel: {ext}.{tag_name}() has no attribute(s) {unknown}")
+            g.ext_tags.append((ext, tag_name, kw))
+
+        def ext_name(bzl, name):
+            if EXTENSIONS.get(bzl) != name:
+                raise GraphError(f"MODULE.bazel: unknown extension {bzl} % {name}")
+            return name
+
+        mod.add_callable("_tag", tag)
+        mod.add_callable("_ext_name", ext_name)
+        mod.add_callable("use_repo", lambda ext, *names, **kw: g.use_repo.extend((ext, n) for n in names))
+        prelude = (
+            "def use_extension(bzl, name, dev_dependency = False, isolate = False):\n"
+            "    e = _ext_name(bzl, name)\n"
+            "    return struct(_name = e,\n"
+            "                  toolchain = lambda **kw: _tag(e, 'toolchain', kw),\n"
+            "                  parse = lambda **kw: _tag(e, 'parse', kw),\n"
+            "                  toolkit = lambda **kw: _tag(e, 'toolkit', kw),\n"
+            "                  default = lambda **kw: _tag(e, 'default', kw))\n"
+        )
+        src = path.read_text(encoding="utf-8")
+        src = re.sub(r"use_repo\((\w+),", r"use_repo(\1._name,", src)
+        sl.eval(mod, sl.parse("MODULE.bazel", prelude + src), self.globals)
+
+
+def _match(rel: str, pattern: str) -> bool:
+    if "**" in pattern:
+        regex = re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+        return re.fullmatch(regex, rel) is not None
+    return "/" not in rel and fnmatch.fnmatchcase(rel, pattern) if "/" not in pattern else fnmatch.fnmatchcase(
+        rel, pattern)
+
+
+def evaluate(root: pathlib.Path) -> Graph:
+    ev = Evaluator(root)
+    ev.eval_module()
+    builds = sorted(p for p in root.rglob("BUILD.bazel") if not any(
+        part.startswith(".") or part == "node_modules" for part in p.relative_to(root).parts))
+    for b in builds:
+        ev.eval_build(b)
+    return ev.graph
+
+
+def expected_tags(markers: list[str]) -> list[str]:
+    """The rule of suites/defs.bzl gpu_tags(), restated independently."""
+    ms = set(markers)
+    archs = {m for m in ms if m.startswith("gpu_sm")}
+    if not ("gpu" in ms or archs):
+        return sorted(ms)
+    archs = archs or {"gpu_sm90", "gpu_sm100", "gpu_sm120"}
+    return sorted({"gpu"} | archs | {m for m in ms if not m.startswith("gpu")}) + ["exclusive-if-local",
+                                                                                   "resources:gpu:1"]
+
+
+def _resolve(label: str, pkg: str) -> str:
+    return f"//{pkg}{label}" if label.startswith(":") else label
+
+
+def check(root: pathlib.Path) -> list[str]:
+    problems: list[str] = []
+    try:
+        g = evaluate(root)
+    except (GraphError, sl.StarlarkError) as exc:
+        return [f"evaluation failed: {exc}"]
+    cfg = tcmod.load(root)
+
+    # 1. test files <-> test targets, tags <-> markers
+    owners: dict[str, list[str]] = {}
+    for t in g.targets.values():
+        if t.kind != "py_test" or t.package != "tests":
+            continue
+        src = t.attrs["srcs"][0]
+        owners.setdefault(src, []).append(t.label)
+        path = root / "tests" / src
+        want = expected_tags(gen_test_build.file_markers(path)) if path.exists() else None
+        if want is not None and list(t.attrs.get("tags", [])) != want:
+            problems.append(f"{t.label}: tags {list(t.attrs.get('tags', []))} but {src}'s markers give {want}")
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        rel = path.relative_to(root / "tests").as_posix()
+        n = len(owners.get(rel, []))
+        if n != 1:
+            problems.append(f"tests/{rel}: belongs to {n} test targets (expected exactly 1)")
+
+    # 2. toolchains: hub, .update, non-manual .test
+    hubs = {kw["hub_name"]: kw for ext, tag, kw in g.ext_tags if (ext, tag) == ("pip", "parse")}
+    repos = {n for ext, n in g.use_repo}
+    for name, ls in cfg.lock_sets.items():
+        hub = f"pypi_{name}"
+        if hub not in hubs:
+            problems.append(f"MODULE.bazel: no pip.parse(hub_name = {hub!r}) for toolchain {name!r}")
+        else:
+            want_lock = "//deps:" + pathlib.PurePosixPath(ls.lock).name
+            if hubs[hub].get("requirements_lock") != want_lock:
+                problems.append(f"MODULE.bazel: {hub} requirements_lock {hubs[hub].get('requirements_lock')!r} "
+                                f"!= {want_lock!r}")
+            if hubs[hub].get("python_version") != ls.python:
+                problems.append(f"MODULE.bazel: {hub} python_version != {ls.python}")
+        if hub not in repos:
+            problems.append(f"MODULE.bazel: use_repo lacks {hub!r}")
+        upd = g.targets.get(f"//deps:{name}.update")
+        if upd is None or upd.kind != "py_binary":
+            problems.append(f"//deps:{name}.update missing (py_binary)")
+        tst = g.targets.get(f"//deps:{name}.test")
+        if tst is None or tst.kind != "py_test":
+            problems.append(f"//deps:{name}.test missing (py_test)")
+        elif "manual" in tst.attrs.get("tags", []):
+            problems.append(f"//deps:{name}.test is tagged manual: CI would never run the lock check")
+        elif list(tst.attrs.get("args", [])) != ["check", name]:
+            problems.append(f"//deps:{name}.test must run `check {name}`")
+
+    # 3. every label a suite names exists
+    for t in g.targets.values():
+        if t.kind != "test_suite":
+            continue
+        for lab in t.attrs.get("tests", []):
+            full = _resolve(lab, t.package)
+            if full not in g.targets:
+                problems.append(f"{t.label}: names {lab}, which does not exist")
+
+    # 4. .bazelrc archs and toolchain flags
+    rc = (root / ".bazelrc").read_text(encoding="utf-8")
+    for name, tc in cfg.toolchains.items():
+        if f"common:{name} --//deps:toolchain={name}" not in rc:
+            problems.append(f".bazelrc: config {name} does not set --//deps:toolchain={name}")
+        m = re.search(rf"^common:{name} --@rules_cuda//cuda:archs=(\S+)$", rc, re.M)
+        got = m.group(1).split(";") if m else []
+        if got != list(tc.nvcc_archs):
+            problems.append(f".bazelrc: config {name} archs {got} != toolchains.{name}.nvcc_archs "
+                            f"{list(tc.nvcc_archs)}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    root = pathlib.Path(argv[0]).resolve() if argv else tcmod.REPO_ROOT
+    problems = check(root)
+    for p in problems:
+        print(f"FAIL {p}")
+    if not problems:
+        print("ok   Bazel graph")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
