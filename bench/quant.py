@@ -17,6 +17,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from bench.common import copy_bandwidth_gbs, dump, environment, median_ms
+from rtp_fp8 import _ext
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import reference as R
@@ -31,11 +32,11 @@ def _bytes(m, layout):
     return m * K * 2 + m * K + sbytes
 
 
-def bench_kernel(m, layout, config=None, check=False, graph=False):
+def bench_kernel(m, layout, config=None, check=False, graph=False, backend="triton"):
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     q = torch.empty(m, K, device="cuda", dtype=torch.float8_e4m3fn)
     s = L.alloc_scales((), m, K // GROUP, layout, "cuda")
-    fn = lambda: T.per_token_group_quant_into(x, q, s, GROUP, layout, backend="triton", _config=config)
+    fn = lambda: T.per_token_group_quant_into(x, q, s, GROUP, layout, backend=backend, _config=config)
     fn()
     if check:  # against the CPU oracle (tests cover every shape; this guards the benched config)
         qr, sr = R.per_token_group_quant_ref(x, GROUP, pow2=layout == "ue8m0")
@@ -98,6 +99,10 @@ def main():
         for layout in ("row", "col_tma", "ue8m0"):
             ms, gbs = bench_kernel(m, layout, check=m == 4096, graph=m <= 4096)
             res.append({"impl": "triton", "m": m, "layout": layout, "us": ms * 1e3, "gbs": gbs, "ratio": gbs / copy})
+            if _ext.available():
+                ms, gbs = bench_kernel(m, layout, check=m == 4096, graph=m <= 4096, backend="cuda")
+                res.append({"impl": "cuda ext", "m": m, "layout": layout, "us": ms * 1e3, "gbs": gbs,
+                            "ratio": gbs / copy})
             if m == 128:
                 ms, gbs = bench_kernel(m, layout)
                 res.append({"impl": "triton (eager call)", "m": m, "layout": layout, "us": ms * 1e3, "gbs": gbs,
@@ -113,7 +118,7 @@ def main():
     if a.out:
         dump(a.out, {"env": env, "copy_gbs": copy, "results": res, "sweep": rows, "chunk_extra_mib": mem,
                          "torch_cuda_fp32_div_not_correctly_rounded": div_mismatch})
-    print(env)
+    print(env, "extension:", _ext.available() or _ext.unavailable_reason())
     print(f"copy bandwidth (read+write): {copy:.0f} GB/s")
     print(f"{'impl':24s} {'M':>6s} {'layout':8s} {'us':>9s} {'GB/s':>7s} {'ratio':>6s}")
     for r in res:

@@ -1,27 +1,32 @@
-"""The compiled CUDA extension (csrc/), when built and importable.
+"""The compiled CUDA extension (csrc/, built by tools/build_ext.py into rtp_fp8/_C.so).
 
-`available()` is False when rtp_fp8._C cannot be imported (not built, CPU-only wheel);
-callers then take the Triton path. The reason is kept for logging.
+`available()` is False when the library is absent (not built, CPU-only wheel) or fails
+to load against this torch; callers then take the Triton path, and the reason is logged
+once. Ops live in the `rtp_fp8_C` namespace (torch.ops.rtp_fp8_C.*).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import pathlib
 
 log = logging.getLogger(__name__)
+LIBRARY = pathlib.Path(__file__).with_name("_C.so")
 
 
 @functools.lru_cache(maxsize=1)
 def _load():
-    try:
-        from rtp_fp8 import _C  # noqa: F401
-    except ImportError as exc:
-        return None, f"rtp_fp8._C not importable: {exc}"
     import torch
 
-    if not hasattr(torch.ops.rtp_fp8_C, "per_token_group_quant"):
-        return None, "rtp_fp8._C lacks per_token_group_quant"
+    if not LIBRARY.exists():
+        return None, f"{LIBRARY.name} not built (python3 tools/build_ext.py)"
+    try:
+        torch.ops.load_library(str(LIBRARY))
+    except (OSError, RuntimeError) as exc:
+        reason = f"{LIBRARY.name} failed to load: {exc}"
+        log.warning("rtp_fp8: CUDA extension unavailable, using Triton: %s", reason)
+        return None, reason
     return torch.ops.rtp_fp8_C, ""
 
 

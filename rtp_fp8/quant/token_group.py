@@ -187,15 +187,26 @@ def _cuda_ext_available() -> bool:
     return _ext.available()
 
 
-def choose_backend(x: torch.Tensor, backend: str | None) -> str:
+def cuda_supports(x2: torch.Tensor, q2: torch.Tensor, group_size: int) -> bool:
+    """What the CUDA kernel handles: contiguous rows, 16-byte aligned, >= 4 vectors a group."""
+    vec = 16 // x2.element_size()
+    return (x2.is_contiguous() and q2.is_contiguous() and group_size % vec == 0 and group_size // vec >= 4
+            and x2.data_ptr() % 16 == 0 and q2.data_ptr() % 16 == 0)
+
+
+def choose_backend(x: torch.Tensor, backend: str | None, supported: bool = True) -> str:
+    """Explicit backend, else RTP_FP8_QUANT_BACKEND, else CUDA extension when usable, else Triton."""
     backend = backend or default_backend()
     if backend:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "cuda" and not (x.is_cuda and _cuda_ext_available()):
-            raise ValueError("backend='cuda' needs a CUDA input and the compiled extension (rtp_fp8._C)")
+            from rtp_fp8 import _ext
+
+            raise ValueError(f"backend='cuda' needs a CUDA input and the compiled extension "
+                             f"({_ext.unavailable_reason() or 'input is not on CUDA'})")
         return backend
-    return "cuda" if x.is_cuda and _cuda_ext_available() else "triton"
+    return "cuda" if x.is_cuda and supported and _cuda_ext_available() else "triton"
 
 
 def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int,
@@ -217,7 +228,7 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     if eps <= 0:
         raise ValueError(f"eps must be positive, got {eps}")
     pow2 = pow2 or scale_layout == "ue8m0"
-    backend = choose_backend(x, backend)
+    backend = choose_backend(x, backend, x.is_cuda and cuda_supports(x2, q2, group_size))
     if m == 0:
         return
     if backend == "reference":

@@ -1,0 +1,292 @@
+// Per-token-group 8-bit quantization (fp8 e4m3fn or int8) with FP32 or packed UE8M0 scales.
+//
+// torch.ops.rtp_fp8_C.per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps)
+// writes q and scales in place; same schema and numerics as the Triton op
+// (rtp_fp8/quant/token_group.py) and the oracle (rtp_fp8/quant/reference.py):
+//   amax   = max |x| over the group's finite values (NaN, +-Inf ignored)
+//   scale  = max(amax, eps) / qmax            (IEEE division), or rounded up to 2^k (pow2)
+//   q      = clamp(x / scale, -qmax, qmax)    (IEEE division, RNE cast; NaN -> NaN / int8 0)
+// Scale layouts: "row" [M, G], "col" strides (1, M), "col_tma" strides (1, align(M, 4)),
+// "ue8m0" int32 [M, ceil(G/4)] strides (1, align(M, 4)), four exponent bytes per word.
+//
+// Work item = one (row, group) pair; a group is handled by TPG threads holding it in
+// registers (16-byte loads, VPT vectors per thread), its amax reduced with warp shuffles.
+// Items are padded per row to a multiple of 4 for "ue8m0", so the four bytes of a word
+// are produced in one block and assembled through shared memory (no second pass).
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace rtp_fp8 {
+namespace {
+
+constexpr int kBlockThreads = 256;
+constexpr int kItemsPerThread = 2;  // independent groups in flight per thread
+
+enum class Layout { kRow, kCol, kColTma, kUe8m0 };
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <bool kInt8>
+__device__ __forceinline__ uint8_t quantize(float x, float scale, float qmax) {
+  if (isnan(x)) {
+    return kInt8 ? 0 : 0x7F;  // fp8 e4m3fn NaN; int8 0
+  }
+  float y = fminf(fmaxf(__fdiv_rn(x, scale), -qmax), qmax);
+  if (kInt8) {
+    return static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(y)));
+  }
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+}
+
+// T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
+template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
+__global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
+    const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, int64_t m, int64_t k,
+    int64_t num_groups, int64_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax) {
+  constexpr int kVec = 16 / sizeof(T);            // elements per 16-byte load
+  constexpr int kElems = VPT * kVec;              // elements per thread per group
+  constexpr int kGroupsPerPass = kBlockThreads / TPG;
+  constexpr int kItemsPerBlock = kGroupsPerPass * kItemsPerThread;
+  static_assert(kItemsPerBlock % 4 == 0, "a UE8M0 word must not straddle blocks");
+
+  __shared__ uint8_t exps[kPacked ? kItemsPerBlock : 1];
+
+  const int lane_in_group = threadIdx.x % TPG;
+  const int sub = threadIdx.x / TPG;
+  const int64_t items = m * groups_padded;
+  const int64_t block_base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock;
+
+  float vals[kItemsPerThread][kElems];
+  bool valid[kItemsPerThread];
+  int64_t rows[kItemsPerThread], gs[kItemsPerThread];
+
+  // Issue every load first: kItemsPerThread independent 16-byte loads per vector slot.
+#pragma unroll
+  for (int it = 0; it < kItemsPerThread; ++it) {
+    const int64_t item = block_base + it * kGroupsPerPass + sub;
+    rows[it] = item / groups_padded;
+    gs[it] = item % groups_padded;
+    valid[it] = item < items && gs[it] < num_groups;
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      if (valid[it]) {
+        const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
+        const uint4 raw = *reinterpret_cast<const uint4*>(x + rows[it] * k + col);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) vals[it][v * kVec + j] = to_float<T>(e[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) vals[it][v * kVec + j] = 0.f;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int it = 0; it < kItemsPerThread; ++it) {
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) {
+      const float a = fabsf(vals[it][j]);
+      amax = a < INFINITY ? fmaxf(amax, a) : amax;  // NaN and Inf compare false
+    }
+#pragma unroll
+    for (int off = TPG / 2; off > 0; off >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
+    }
+    float scale = __fdiv_rn(fmaxf(amax, eps), qmax);
+    if (kPow2) {
+      const uint32_t bits = __float_as_uint(scale);
+      const uint32_t e = ((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u);
+      scale = __uint_as_float(e << 23);
+    }
+    if (valid[it]) {
+#pragma unroll
+      for (int v = 0; v < VPT; ++v) {
+        uint8_t out[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) out[j] = quantize<kInt8>(vals[it][v * kVec + j], scale, qmax);
+        const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
+        uint8_t* dst = q + rows[it] * k + col;
+        if constexpr (kVec == 8) {
+          *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
+        } else if constexpr (kVec == 4) {
+          *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(out);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) dst[j] = out[j];
+        }
+      }
+    }
+    if (kPacked) {
+      if (lane_in_group == 0) {
+        exps[it * kGroupsPerPass + sub] = valid[it] ? static_cast<uint8_t>(__float_as_uint(scale) >> 23) : 0;
+      }
+    } else if (valid[it] && lane_in_group == 0) {
+      reinterpret_cast<float*>(scales)[rows[it] * stride_sm + gs[it] * stride_sg] = scale;
+    }
+  }
+
+  if (kPacked) {
+    __syncthreads();
+    for (int w = threadIdx.x; w < kItemsPerBlock / 4; w += kBlockThreads) {
+      const int64_t first = block_base + 4 * w;  // items of one word are consecutive and share a row
+      if (first >= items) continue;
+      const uint32_t word = (uint32_t)exps[4 * w] | ((uint32_t)exps[4 * w + 1] << 8) |
+                            ((uint32_t)exps[4 * w + 2] << 16) | ((uint32_t)exps[4 * w + 3] << 24);
+      const int64_t row = first / groups_padded, widx = (first % groups_padded) / 4;
+      reinterpret_cast<int32_t*>(scales)[row * stride_sm + widx * stride_sg] = static_cast<int32_t>(word);
+    }
+  }
+}
+
+int64_t align4(int64_t v) { return (v + 3) / 4 * 4; }
+
+Layout parse_layout(const std::string& s) {
+  if (s == "row") return Layout::kRow;
+  if (s == "col") return Layout::kCol;
+  if (s == "col_tma") return Layout::kColTma;
+  if (s == "ue8m0") return Layout::kUe8m0;
+  TORCH_CHECK(false, "scale_layout must be one of row, col, col_tma, ue8m0; got '", s, "'");
+  return Layout::kRow;  // unreachable
+}
+
+template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
+void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, int64_t k, int64_t g, float eps,
+                  float qmax, cudaStream_t stream) {
+  const int64_t gp = kPacked ? align4(g) : g;
+  constexpr int kItemsPerBlock = (kBlockThreads / TPG) * kItemsPerThread;
+  const int64_t blocks = (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
+  TORCH_CHECK(blocks <= INT32_MAX, "x has too many rows for one launch");
+  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2><<<blocks, kBlockThreads, 0, stream>>>(
+      reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), m, k, g, gp,
+      s.stride(0), s.stride(1), eps, qmax);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, bool kInt8, bool kPacked, bool kPow2>
+void dispatch_group(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t group, int64_t m, int64_t k,
+                    int64_t g, float eps, float qmax, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t vectors = group / kVec;  // 16-byte vectors per group
+  // TPG = min(32, vectors) threads per group, VPT = vectors / TPG vectors per thread.
+#define RTP_CASE(V, TPG, VPT) \
+  if (vectors == V) return launch_typed<T, VPT, TPG, kInt8, kPacked, kPow2>(x, q, s, m, k, g, eps, qmax, stream);
+  RTP_CASE(4, 4, 1)
+  RTP_CASE(8, 8, 1)
+  RTP_CASE(16, 16, 1)
+  RTP_CASE(32, 32, 1)
+  RTP_CASE(64, 32, 2)
+  RTP_CASE(128, 32, 4)
+  RTP_CASE(256, 32, 8)
+#undef RTP_CASE
+  TORCH_CHECK(false, "group_size=", group, " is not supported for ", x.scalar_type(),
+              " input (16-byte vectors per group must be a power of two in [4, 256])");
+}
+
+template <typename T>
+void dispatch_flags(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t group, bool int8, bool packed,
+                    bool pow2, int64_t m, int64_t k, int64_t g, float eps, float qmax, cudaStream_t stream) {
+  if (int8) {
+    if (pow2) return dispatch_group<T, true, false, true>(x, q, s, group, m, k, g, eps, qmax, stream);
+    return dispatch_group<T, true, false, false>(x, q, s, group, m, k, g, eps, qmax, stream);
+  }
+  if (packed) return dispatch_group<T, false, true, true>(x, q, s, group, m, k, g, eps, qmax, stream);
+  if (pow2) return dispatch_group<T, false, false, true>(x, q, s, group, m, k, g, eps, qmax, stream);
+  return dispatch_group<T, false, false, false>(x, q, s, group, m, k, g, eps, qmax, stream);
+}
+
+void per_token_group_quant(const at::Tensor& x, at::Tensor& q, at::Tensor& scales, int64_t group_size,
+                           const std::string& scale_layout, bool pow2, double eps) {
+  const Layout layout = parse_layout(scale_layout);
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor, got device ", x.device());
+  TORCH_CHECK(q.device() == x.device(), "q must be on x's device ", x.device(), ", got ", q.device());
+  TORCH_CHECK(scales.device() == x.device(), "scales must be on x's device ", x.device(), ", got ",
+              scales.device());
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D [M, K], got ", x.dim(), "-D");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf || x.scalar_type() == at::kFloat,
+              "x must be bfloat16, float16 or float32, got ", x.scalar_type());
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous, got strides ", x.strides());
+  TORCH_CHECK(q.scalar_type() == at::kFloat8_e4m3fn || q.scalar_type() == at::kChar,
+              "q must be float8_e4m3fn or int8, got ", q.scalar_type());
+  TORCH_CHECK(q.sizes() == x.sizes() && q.is_contiguous(), "q must be contiguous with x's shape ", x.sizes(),
+              ", got shape ", q.sizes(), " strides ", q.strides());
+  TORCH_CHECK(group_size > 0 && (group_size & (group_size - 1)) == 0,
+              "group_size must be a positive power of two, got ", group_size);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % group_size == 0, "x's last dimension K=", k, " is not divisible by group_size=", group_size);
+  const int64_t vec = 16 / x.element_size();
+  TORCH_CHECK(group_size % vec == 0 && group_size / vec >= 4,
+              "group_size must be a multiple of 4 x the 16-byte vector width (", 4 * vec, " for ",
+              x.scalar_type(), "), got ", group_size);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0, "x must be 16-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0, "q must be 16-byte aligned");
+  TORCH_CHECK(eps > 0, "eps must be positive, got ", eps);
+  const bool packed = layout == Layout::kUe8m0;
+  const bool int8 = q.scalar_type() == at::kChar;
+  TORCH_CHECK(!(packed && int8), "scale_layout='ue8m0' needs q of float8_e4m3fn, got int8");
+  const int64_t g = k / group_size;
+  const int64_t cols = packed ? (g + 3) / 4 : g;
+  TORCH_CHECK(scales.scalar_type() == (packed ? at::kInt : at::kFloat), "scales must be ",
+              packed ? "int32" : "float32", " for scale layout '", scale_layout, "', got ", scales.scalar_type());
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == m && scales.size(1) == cols, "scales must have shape [", m,
+              ", ", cols, "] for scale layout '", scale_layout, "', got ", scales.sizes());
+  int64_t want0, want1;
+  switch (layout) {
+    case Layout::kRow: want0 = cols; want1 = 1; break;
+    case Layout::kCol: want0 = 1; want1 = m; break;
+    default: want0 = 1; want1 = align4(m); break;
+  }
+  TORCH_CHECK((m <= 1 || scales.stride(0) == want0) && (cols <= 1 || scales.stride(1) == want1),
+              "scales must have strides (", want0, ", ", want1, ") for scale layout '", scale_layout, "', got ",
+              scales.strides());
+  if (m == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const float qmax = int8 ? 127.f : 448.f;
+  const bool round_pow2 = pow2 || packed;
+  switch (x.scalar_type()) {
+    case at::kBFloat16:
+      return dispatch_flags<__nv_bfloat16>(x, q, scales, group_size, int8, packed, round_pow2, m, k, g, (float)eps,
+                                           qmax, stream);
+    case at::kHalf:
+      return dispatch_flags<__half>(x, q, scales, group_size, int8, packed, round_pow2, m, k, g, (float)eps, qmax,
+                                    stream);
+    default:
+      return dispatch_flags<float>(x, q, scales, group_size, int8, packed, round_pow2, m, k, g, (float)eps, qmax,
+                                   stream);
+  }
+}
+
+void per_token_group_quant_meta(const at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const std::string&, bool,
+                                double) {}
+
+}  // namespace
+}  // namespace rtp_fp8
+
+TORCH_LIBRARY(rtp_fp8_C, m) {
+  m.def(
+      "per_token_group_quant(Tensor x, Tensor(a!) q, Tensor(b!) scales, int group_size, str scale_layout, "
+      "bool pow2, float eps) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) { m.impl("per_token_group_quant", &rtp_fp8::per_token_group_quant); }
+
+TORCH_LIBRARY_IMPL(rtp_fp8_C, Meta, m) { m.impl("per_token_group_quant", &rtp_fp8::per_token_group_quant_meta); }

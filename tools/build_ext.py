@@ -1,0 +1,135 @@
+"""Build the CUDA extension (csrc/) against the running Python's torch.
+
+    python3 tools/build_ext.py                        # -> rtp_fp8/_C.so for the toolchain's archs
+    python3 tools/build_ext.py --compile-only DIR     # objects only (CPU CI: syntax/arch check)
+    python3 tools/build_ext.py --archs sm_90a         # one arch (faster local builds)
+
+Archs default to deps/toolchains.toml's nvcc_archs of the CUDA toolchain whose CUDA
+version matches nvcc (cuda13_0 for nvcc 13.0), each as its own -gencode (sm_90a, sm_100a
+and sm_120a need their own compute_XXa), plus PTX for the newest plain arch. The Bazel
+target //csrc:per_token_group_quant compiles the same sources with rules_cuda.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools import toolchains as tcmod  # noqa: E402
+
+SOURCES = ["csrc/per_token_group_quant_8bit.cu"]
+OUTPUT = "rtp_fp8/_C.so"
+
+
+def nvcc() -> str:
+    exe = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+                                   if os.environ.get("CUDA_HOME") else None)
+    if not exe:
+        sys.exit("build_ext: nvcc not found (PATH or CUDA_HOME)")
+    return exe
+
+
+def nvcc_version(exe: str) -> str:
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else ""
+
+
+def default_archs(version: str) -> list[str]:
+    cfg = tcmod.load(ROOT)
+    for tc in cfg.toolchains.values():
+        if tc.cuda == version:
+            return list(tc.nvcc_archs)
+    cuda = [tc for tc in cfg.toolchains.values() if tc.cuda]
+    return list(cuda[-1].nvcc_archs)
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for a in archs:
+        n = a.removeprefix("sm_")
+        flags.append(f"-gencode=arch=compute_{n},code=sm_{n}")
+    newest = max(int(re.sub(r"\D", "", a)) for a in archs)
+    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # plain PTX: forward compatible
+    return flags
+
+
+def torch_flags() -> tuple[list[str], list[str]]:
+    import torch
+    from torch.utils import cpp_extension
+
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cflags = inc + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    ldflags = [f"-L{lib}", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda"]
+    return cflags, ldflags
+
+
+def _cpu_torch_shims(out: pathlib.Path) -> list[str]:
+    """A CPU build of torch ships c10/cuda headers without the one CMake generates for
+    CUDA builds; compile-only checks supply it (same content as a CUDA build's: shared libs)."""
+    import torch
+
+    if torch.version.cuda:
+        return []
+    shim = out / "shim" / "c10" / "cuda" / "impl"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    return [f"-I{out / 'shim'}"]
+
+
+COMMON = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-lineinfo",
+          "-Xcompiler", "-ffile-prefix-map=" + str(ROOT) + "=.", "-DNDEBUG"]
+
+
+def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) -> list[pathlib.Path]:
+    exe = nvcc()
+    cflags, ldflags = torch_flags()
+    gen = gencode_flags(archs)
+    par = ["--threads", str(jobs or min(4, len(gen)))]
+    if compile_only:
+        compile_only.mkdir(parents=True, exist_ok=True)
+        cflags = cflags + _cpu_torch_shims(compile_only)
+        outs = []
+        for src in SOURCES:
+            obj = compile_only / (pathlib.Path(src).stem + ".o")
+            cmd = [exe, *COMMON, *par, *gen, *cflags, "-c", src, "-o", str(obj)]
+            print(" ".join(cmd), flush=True)
+            subprocess.run(cmd, cwd=ROOT, check=True)
+            outs.append(obj)
+        return outs
+    out = ROOT / OUTPUT
+    tmp = out.with_suffix(".so.tmp")
+    cmd = [exe, *COMMON, *par, *gen, *cflags, "-shared", *SOURCES, *ldflags, "-o", str(tmp)]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    os.replace(tmp, out)
+    return [out]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compile-only", type=pathlib.Path, help="write objects to this folder; no link")
+    ap.add_argument("--archs", help="comma-separated, e.g. sm_90a,sm_100a,sm_120a")
+    ap.add_argument("--jobs", type=int, default=0)
+    a = ap.parse_args(argv)
+    archs = a.archs.split(",") if a.archs else default_archs(nvcc_version(nvcc()))
+    for arch in archs:
+        if not re.fullmatch(r"sm_\d+a?", arch):
+            sys.exit(f"build_ext: --archs entry {arch!r} is not like sm_90a")
+    for p in build(archs, a.compile_only, a.jobs):
+        print(f"build_ext: wrote {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
