@@ -6,6 +6,7 @@
     ./dev gpu-test OUTDIR   every gpu-marked test, with the machine's own python3 (no venv),
                             junit + log written to OUTDIR
     ./dev lock ...          tools/lock
+    ./dev wheel --toolchain NAME [--out DIR]   byte-reproducible wheel (tools/wheel.py)
 
 `smoke`, `test` and `lint` first make .venv from the cpu lock with
 `pip install --require-hashes`; a second run reinstalls nothing.
@@ -98,9 +99,15 @@ def cmd_gpu_test(args: list[str]) -> int:
         return proc.wait()
 
 
+def _wheel(args: list[str]) -> int:
+    from tools import wheel
+
+    return wheel.main(args)
+
+
 def main(argv: list[str]) -> int:
     cmds = {"test": cmd_test, "smoke": cmd_smoke, "lint": cmd_lint, "gpu-test": cmd_gpu_test,
-            "lock": lambda a: locktool.main(a)}
+            "lock": lambda a: locktool.main(a), "wheel": _wheel}
     if not argv or argv[0] not in cmds:
         print(__doc__)
         return 2
