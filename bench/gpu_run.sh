@@ -16,3 +16,5 @@ echo "gpu-test: exit $?, $(tail -1 "$out/gpu-summary.log")"
 grep -E "^(FAILED|ERROR)" "$out/gpu-summary.log" | head -20
 python3 bench/quant.py --out "$out/quant.json" > "$out/bench.log" 2>&1 || tail -20 "$out/bench.log"
 grep -v "^sweep" "$out/bench.log" | tail -32
+python3 bench/gemm.py --out "$out/gemm.json" > "$out/gemm.log" 2>&1 || tail -20 "$out/gemm.log"
+tail -14 "$out/gemm.log"

@@ -1,0 +1,69 @@
+"""Block-scaled FP8 GEMM (Triton) on the GPU against cuBLASLt's per-tensor FP8 GEMM.
+
+    PYTHONPATH=. python3 bench/gemm.py [--out results.json]
+
+Shapes from DeepSeek-V3 (the issue's list). TFLOP/s = 2*M*N*K / median time; the ratio is
+to torch._scaled_mm (per-tensor scales, cuBLASLt) at 8192^3 measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.common import dump, environment, fp8_gemm_tflops, median_ms
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.quant import block as B
+from rtp_fp8.quant import token_group as T
+
+DENSE = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512), (4096, 7168, 16384), (4096, 4096, 7168),
+         (4096, 7168, 2048), (128, 7168, 16384), (128, 4096, 7168)]
+GROUPED = [(8, 4096, 4096, 7168), (8, 4096, 7168, 2048), (32, 512, 4096, 7168)]
+
+
+def dense(m, n, k):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
+    b, sb = B.quantize_weight_blocks(w)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
+    return 2 * m * n * k / (ms * 1e-3) / 1e12, ms
+
+
+def grouped(g, m, n, k):
+    x = torch.randn(g * m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
+    b, sb = B.quantize_weight_blocks(w)
+    ids = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(m)
+    out = torch.empty(g * m, n, device="cuda", dtype=torch.bfloat16)
+    cnt = torch.zeros(2, device="cuda", dtype=torch.int32)
+    ms = median_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt))
+    return 2 * g * m * n * k / (ms * 1e-3) / 1e12, ms
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    ceiling = fp8_gemm_tflops()
+    rows = []
+    for m, n, k in DENSE:
+        tf, ms = dense(m, n, k)
+        rows.append({"kind": "dense", "shape": [m, n, k], "ms": ms, "tflops": tf, "ratio": tf / ceiling})
+    for g, m, n, k in GROUPED:
+        tf, ms = grouped(g, m, n, k)
+        rows.append({"kind": f"contiguous G={g}", "shape": [m, n, k], "ms": ms, "tflops": tf, "ratio": tf / ceiling})
+    if args.out:
+        dump(args.out, {"env": environment(), "cublaslt_fp8_tflops": ceiling, "results": rows})
+    print(environment())
+    print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s")
+    print(f"{'kind':18s} {'M,N,K':>20s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s}")
+    for r in rows:
+        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['ms']:8.3f} {r['tflops']:8.0f} {r['ratio']:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

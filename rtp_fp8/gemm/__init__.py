@@ -1,0 +1,1 @@
+"""FP8 block-scaled GEMM backends: Triton kernels (everywhere), plain-torch reference."""

@@ -1,0 +1,275 @@
+"""Triton block-scaled FP8 GEMMs: D = A @ B^T in bf16 (dense, m-grouped contiguous, masked).
+
+A float8_e4m3fn [M, K] with 1x128 scales; B float8_e4m3fn [N, K] with 128x128 block
+scales or per-row (1x128) scales. Scales are FP32 or packed UE8M0 (the SM100/SM120
+format), so every scale format runs on any GPU and under the CPU interpreter. Each 128-K
+step's partial product is promoted in FP32 with scale_a x scale_b (the DeepGEMM 1D2D
+recipe).
+
+Grouped contiguous: rows carry an int32 expert id (m_indices); a BLOCK_M tile's expert is
+its first row's; a tile whose first id is -1 or out of range writes zeros and does no MMA
+work; rows whose id differs from the tile's (padding -1, a misaligned segment or an
+out-of-range id) are written as zeros; counters[0] += padding rows, counters[1] += rows
+with an invalid id or in the wrong tile (accumulated on the device, no host sync).
+Masked: A [E, Mmax, K]; only rows < masked_m[e] are computed and written (others are
+left as they were: undefined, as in DeepGEMM).
+
+Performance on the H200 is work in progress: this is the straightforward
+promote-every-K-step kernel (docs/perf.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rtp_fp8 import triton_env
+from rtp_fp8.quant.layout import cdiv
+
+GRAN = 128
+DENSE, CONTIGUOUS, MASKED = 0, 1, 2
+
+
+@triton.jit
+def _load_scale(ptr, idx, kb, stride_i, stride_k, mask, PACKED: tl.constexpr):
+    if PACKED:
+        word = tl.load(ptr + idx * stride_i + (kb // 4) * stride_k, mask=mask, other=0)
+        byte = (word >> ((kb % 4) * 8)) & 0xFF
+        return (byte << 23).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + idx * stride_i + kb * stride_k, mask=mask, other=0.0)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr, b_ptr, d_ptr, sa_ptr, sb_ptr, grp_ptr, cnt_ptr,
+    M, N, K, E, TILES_M,
+    stride_ae, stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_de, stride_dm, stride_dn,
+    stride_sae, stride_sam, stride_sak,
+    stride_sbe, stride_sbn, stride_sbk,
+    SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    if MODE == 2:  # masked: axis 1 walks experts
+        e = tl.program_id(1)
+        pid_m = pid // tiles_n
+        pid_n = pid % tiles_n
+        m_limit = tl.minimum(tl.load(grp_ptr + e), M)
+    else:
+        e = 0
+        width = GROUP_M * tiles_n
+        group_id = pid // width
+        first_m = group_id * GROUP_M
+        size_m = tl.minimum(TILES_M - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+        m_limit = M
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < m_limit
+    cmask = cols < N
+    d_ptrs = d_ptr + e * stride_de + rows[:, None] * stride_dm + cols[None, :] * stride_dn
+    if MODE == 2:
+        if pid_m * BLOCK_M >= m_limit:
+            return
+    row_ok = rmask
+    if MODE == 1:
+        expert = tl.load(grp_ptr + pid_m * BLOCK_M)
+        ids = tl.load(grp_ptr + rows, mask=rmask, other=-1)
+        tile_valid = (expert >= 0) & (expert < E)
+        row_ok = rmask & (ids == expert) & tile_valid
+        if pid_n == 0:
+            tl.atomic_add(cnt_ptr, tl.sum((rmask & (ids == -1)).to(tl.int32), axis=0))
+            tl.atomic_add(cnt_ptr + 1, tl.sum((rmask & (ids != -1) & ~row_ok).to(tl.int32), axis=0))
+        e = tl.where(tile_valid, expert, 0)
+        if not tile_valid:
+            zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=d_ptr.dtype.element_ty)
+            tl.store(d_ptrs, zero, mask=rmask[:, None] & cmask[None, :])
+            return
+
+    a_base = a_ptr + (e * stride_ae if MODE == 2 else 0)
+    b_base = b_ptr + e * stride_be
+    sa_base = sa_ptr + (e * stride_sae if MODE == 2 else 0)
+    sb_base = sb_ptr + e * stride_sbe
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + offs_k) < K
+        a = tl.load(a_base + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
+                    mask=rmask[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(b_base + cols[:, None] * stride_bn + (k0 + offs_k)[None, :] * stride_bk,
+                    mask=cmask[:, None] & kmask[None, :], other=0.0)
+        kb = k0 // 128
+        sa = _load_scale(sa_base, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
+        sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
+        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+    if MODE == 1:
+        acc = tl.where(row_ok[:, None], acc, 0.0)
+    tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_fp8(t, name, dims):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be K-major (stride 1 in its last dim), got strides {t.stride()}")
+
+
+def _check_scale(s, name, lead, rows, k, packed_ok=True):
+    """Scales for `rows` rows of K: FP32 [.., rows, ceil(K/128)] or UE8M0 int32 [.., rows, ceil(K/512)]."""
+    kg = cdiv(k, GRAN)
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype == torch.float32:
+        want = (*lead, rows, kg)
+    elif s.dtype == torch.int32 and packed_ok:
+        want = (*lead, rows, cdiv(kg, 4))
+    else:
+        raise TypeError(f"{name} must be float32 (FP32 scales) or int32 (packed UE8M0), got {s.dtype}")
+    if tuple(s.shape) != want:
+        raise ValueError(f"{name} must have shape {want} for K={k} and {s.dtype}, got {tuple(s.shape)}")
+    return s.dtype == torch.int32
+
+
+def _b_scales(sb, lead, n, k):
+    """B scales: per block [.., ceil(N/128), KG], per row [.., N, KG] (FP32), or packed per row."""
+    kg = cdiv(k, GRAN)
+    if sb.dtype == torch.float32 and tuple(sb.shape) == (*lead, cdiv(n, GRAN), kg) and n != cdiv(n, GRAN):
+        return False, GRAN
+    return _check_scale(sb, "sb", lead, n, k), 1
+
+
+def _check_out(out, shape, device):
+    if out is None:
+        return torch.empty(shape, dtype=torch.bfloat16, device=device)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != tuple(shape):
+        got = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out must be bfloat16 of shape {tuple(shape)}, got {got}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, expected {device}")
+    return out
+
+
+def _same_device(device, **tensors):
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, expected {device} (a's device)")
+
+
+def _config(m, n, k):
+    if triton_env.interpreting():
+        return 32, 32, 128, 1, 1, 1
+    if m <= 64:
+        return 64, 128, 128, 4, 4, 8
+    return 128, 128, 128, 8, 3, 8
+
+
+def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
+            warps, stages, group_m, a_batched):
+    sa_e, sa_m, sa_k = (sa.stride(0), sa.stride(1), sa.stride(2)) if a_batched else (0, sa.stride(0), sa.stride(1))
+    a_e, a_m, a_k = (a.stride(0), a.stride(1), a.stride(2)) if a_batched else (0, a.stride(0), a.stride(1))
+    d_e, d_m, d_n = (d.stride(0), d.stride(1), d.stride(2)) if a_batched else (0, d.stride(0), d.stride(1))
+    b_e, b_n, b_k = (b.stride(0), b.stride(1), b.stride(2)) if b.dim() == 3 else (0, b.stride(0), b.stride(1))
+    sb_e, sb_n, sb_k = (sb.stride(0), sb.stride(1), sb.stride(2)) if sb.dim() == 3 else (0, sb.stride(0), sb.stride(1))
+    _fp8_gemm_kernel[grid](
+        a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m,
+        a_e, a_m, a_k, b_e, b_n, b_k, d_e, d_m, d_n, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
+        SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, num_warps=warps, num_stages=stages,
+    )
+
+
+def fp8_gemm_nt(a, sa, b, sb, out=None):
+    """Dense: a [M, K], b [N, K] -> out [M, N] bf16."""
+    _check_fp8(a, "a", 2)
+    _check_fp8(b, "b", 2)
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"b has K={b.shape[1]}, a has K={k}")
+    packed_a = _check_scale(sa, "sa", (), m, k)
+    packed_b, sb_div = _b_scales(sb, (), n, k)
+    _same_device(a.device, b=b, sa=sa, sb=sb)
+    out = _check_out(out, (m, n), a.device)
+    if m == 0 or n == 0:
+        return out
+    bm, bn, bk, warps, stages, gm = _config(m, n, k)
+    tiles_m = cdiv(m, bm)
+    grid = (tiles_m * cdiv(n, bn), 1)
+    _launch(grid, DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
+            warps, stages, gm, False)
+    return out
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
+    """a [M_sum, K] rows grouped by expert (m_indices [M_sum] int32, -1 = padding),
+    b [E, N, K] -> out [M_sum, N]. Every expert segment starts at a multiple of
+    `alignment` (the mk-alignment, a multiple of 16); the tile height divides it."""
+    _check_fp8(a, "a", 2)
+    _check_fp8(b, "b", 3)
+    m, k = a.shape
+    e, n = b.shape[:2]
+    if b.shape[2] != k:
+        raise ValueError(f"b has K={b.shape[2]}, a has K={k}")
+    if not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32 or m_indices.shape != (m,):
+        got = (m_indices.dtype, tuple(m_indices.shape)) if isinstance(m_indices, torch.Tensor) else m_indices
+        raise ValueError(f"m_indices must be int32 of shape ({m},), got {got}")
+    packed_a = _check_scale(sa, "sa", (), m, k)
+    packed_b, sb_div = _b_scales(sb, (e,), n, k)
+    _same_device(a.device, b=b, sa=sa, sb=sb, m_indices=m_indices)
+    out = _check_out(out, (m, n), a.device)
+    if counters is None:
+        counters = torch.zeros(2, dtype=torch.int32, device=a.device)
+    elif counters.dtype != torch.int32 or counters.shape != (2,) or counters.device != a.device:
+        raise ValueError("counters must be int32 of shape (2,) on a's device")
+    if m == 0 or n == 0:
+        return out
+    if not isinstance(alignment, int) or alignment < 16 or alignment % 16:
+        raise ValueError(f"alignment must be a positive multiple of 16 (tile rows share one expert), got {alignment!r}")
+    bm, bn, bk, warps, stages, gm = _config(m, n, k)
+    bm = max(d for d in (16, 32, 64, 128) if alignment % d == 0 and d <= bm)
+    tiles_m = cdiv(m, bm)
+    grid = (tiles_m * cdiv(n, bn), 1)
+    _launch(grid, CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m, sb_div, packed_a,
+            packed_b, bm, bn, bk, warps, stages, gm, False)
+    return out
+
+
+def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None):
+    """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] untouched.
+
+    expected_m (a hint of the typical rows per expert) picks the tile size."""
+    _check_fp8(a, "a", 3)
+    _check_fp8(b, "b", 3)
+    e, mmax, k = a.shape
+    if b.shape[0] != e:
+        raise ValueError(f"b has {b.shape[0]} experts, a has {e}")
+    n = b.shape[1]
+    if b.shape[2] != k:
+        raise ValueError(f"b has K={b.shape[2]}, a has K={k}")
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 or masked_m.shape != (e,):
+        raise ValueError(f"masked_m must be int32 of shape ({e},)")
+    packed_a = _check_scale(sa, "sa", (e,), mmax, k)
+    packed_b, sb_div = _b_scales(sb, (e,), n, k)
+    _same_device(a.device, b=b, sa=sa, sb=sb, masked_m=masked_m)
+    out = _check_out(out, (e, mmax, n), a.device)
+    if e == 0 or mmax == 0 or n == 0:
+        return out
+    bm, bn, bk, warps, stages, gm = _config(expected_m if expected_m is not None else mmax, n, k)
+    tiles_m = cdiv(mmax, bm)
+    grid = (tiles_m * cdiv(n, bn), e)
+    _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m, mmax, n, k, e, tiles_m, sb_div, packed_a,
+            packed_b, bm, bn, bk, warps, stages, gm, True)
+    return out

@@ -1,0 +1,145 @@
+"""Triton block-scaled FP8 GEMMs vs the float64 oracle of the dequantized operands.
+
+Tolerance: relative L2 <= 5e-3 (FP32 accumulation of exact fp8 products, bf16 output
+rounding ~2e-3). Outputs are poisoned with NaN first, so unwritten elements fail.
+"""
+
+import pytest
+import torch
+
+from helpers import DEVICES, rel_l2
+from rtp_fp8.gemm import reference as GR
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.quant import block as B
+from rtp_fp8.quant import token_group as T
+
+TOL = 5e-3
+
+
+def _operands(m, n, k, fmt, device, e=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
+    if fmt == "ue8m0":
+        a, sa = T.per_token_group_quant(x, 128, scale_layout="ue8m0")
+        b, sb = B.quantize_weight_ue8m0_packed(w)
+    elif fmt == "fp32_rows":
+        a, sa = T.per_token_group_quant(x, 128, scale_layout="row")
+        b, sb_blocks = B.quantize_weight_blocks(w)
+        sb = sb_blocks.repeat_interleave(128, -2)[..., :n, :].contiguous()
+    else:
+        a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
+        b, sb = B.quantize_weight_blocks(w)
+    return a, sa, b, sb
+
+
+def _nan(shape, device):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp32", "fp32_rows", "ue8m0"])
+@pytest.mark.parametrize("m", [1, 7, 128, 300])
+@pytest.mark.parametrize("n,k", [(256, 512), (200, 384), (384, 1024)])  # K: whole 1x128 groups
+def test_dense(device, fmt, m, n, k):
+    a, sa, b, sb = _operands(m, n, k, fmt, device, seed=m + n + k)
+    out = G.fp8_gemm_nt(a, sa, b, sb, out=_nan((m, n), device))
+    ref = GR.gemm_nt_ref(a, sa, b, sb)
+    assert not torch.isnan(out).any()
+    assert rel_l2(out.cpu(), ref) <= TOL
+
+
+def _contiguous_layout(counts, align, device):
+    ids = []
+    for ex, c in enumerate(counts):
+        ids += [ex] * c + [-1] * ((-c) % align)
+    return torch.tensor(ids, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("counts", [[40, 0, 128, 7], [0, 0, 0, 0], [0, 300, 0, 0]], ids=["mixed", "empty", "one"])
+def test_grouped_contiguous(device, fmt, counts):
+    n, k, align = 256, 384, 128
+    ids = _contiguous_layout(counts, align, device)
+    m = max(ids.numel(), 1)
+    if ids.numel() == 0:
+        ids = torch.full((align,), -1, dtype=torch.int32, device=device)  # all padding
+        m = align
+    a, sa, b, sb = _operands(m, n, k, fmt, device, e=4, seed=sum(counts))
+    counters = torch.zeros(2, dtype=torch.int32, device=device)
+    out = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=_nan((m, n), device), counters=counters)
+    assert not torch.isnan(out).any()
+    out = out.cpu()
+    for ex in range(4):
+        rows = (ids.cpu() == ex).nonzero().ravel()
+        if rows.numel():
+            ref = GR.gemm_nt_ref(a[rows], sa_rows(sa, rows), b[ex], sb[ex])
+            assert rel_l2(out[rows], ref) <= TOL
+    assert bool((out[ids.cpu() == -1] == 0).all())
+    assert counters.tolist() == [int((ids == -1).sum()), 0]
+
+
+def sa_rows(sa, rows):
+    return sa.cpu()[rows.cpu()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_invalid_ids_are_zeroed_and_counted(device):
+    n, k, align = 128, 256, 128
+    ids = _contiguous_layout([100, 128], align, device)
+    ids[5] = 9  # out of range, inside expert 0's tile
+    ids[128:256] = 77  # a whole tile with an out-of-range expert
+    m = ids.numel()
+    a, sa, b, sb = _operands(m, n, k, "fp32", device, e=2, seed=3)
+    counters = torch.zeros(2, dtype=torch.int32, device=device)
+    out = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=_nan((m, n), device), counters=counters)
+    out = out.cpu()
+    assert bool((out[5] == 0).all()) and bool((out[128:256] == 0).all())
+    ok = (ids.cpu() == 0).nonzero().ravel()
+    assert rel_l2(out[ok], GR.gemm_nt_ref(a[ok], sa_rows(sa, ok), b[0], sb[0])) <= TOL
+    assert counters.tolist() == [28, 1 + 128]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+def test_grouped_masked(device, fmt):
+    e, mmax, n, k = 3, 64, 256, 384
+    masked = torch.tensor([0, 64, 17], dtype=torch.int32, device=device)
+    a, sa, b, sb = _operands(e * mmax, n, k, fmt, device, e=e, seed=5)
+    a3 = a.view(e, mmax, k)
+    from rtp_fp8.quant import layout as L
+
+    g = k // 128
+    sa3 = L.alloc_scales((e,), mmax, g, "ue8m0" if fmt == "ue8m0" else "col_tma", device)
+    for i in range(e):
+        sa3[i].copy_(sa[i * mmax:(i + 1) * mmax])
+    out = G.m_grouped_fp8_gemm_nt_masked(a3, sa3, b, sb, masked, expected_m=32, out=_nan((e, mmax, n), device))
+    out = out.cpu()
+    for i, mm in enumerate(masked.tolist()):
+        assert bool(torch.isnan(out[i, mm:]).all()), "rows past masked_m must be left untouched"
+        if mm:
+            ref = GR.gemm_nt_ref(a3[i, :mm], sa3[i, :mm], b[i], sb[i])
+            assert rel_l2(out[i, :mm], ref) <= TOL
+
+
+def test_bad_input_names_the_argument():
+    a, sa, b, sb = _operands(8, 256, 512, "fp32", "cpu")
+    ids = torch.zeros(8, dtype=torch.int32)
+    b3, sb3 = b[None], sb[None]
+    cases = [
+        (lambda: G.fp8_gemm_nt(a, sa, b[:, :384], sb[:, :3]), ValueError, "b has K=384, a has K=512"),
+        (lambda: G.fp8_gemm_nt(a.float(), sa, b, sb), TypeError, "a must be torch.float8_e4m3fn"),
+        (lambda: G.fp8_gemm_nt(a, sa[:, :3], b, sb), ValueError, "sa must have shape"),
+        (lambda: G.fp8_gemm_nt(a, sa.double(), b, sb), TypeError, "sa must be float32"),
+        (lambda: G.fp8_gemm_nt(a, sa, b, sb[:1]), ValueError, "sb must have shape"),
+        (lambda: G.fp8_gemm_nt(a, sa, b, sb, out=torch.empty(8, 256)), ValueError, "out must be bfloat16"),
+        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids.long()), ValueError, "m_indices must be int32"),
+        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids[:4]), ValueError, "m_indices must be"),
+        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids, alignment=8), ValueError, "alignment"),
+        (lambda: G.m_grouped_fp8_gemm_nt_masked(a[None], sa[None], b3, sb3, torch.zeros(2, dtype=torch.int32)),
+         ValueError, "masked_m must be int32 of shape"),
+    ]
+    for fn, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
