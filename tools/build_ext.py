@@ -68,7 +68,9 @@ def torch_flags() -> tuple[list[str], list[str]]:
 
     inc = [f"-I{p}" for p in cpp_extension.include_paths()]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cflags = inc + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    # __FILE__ of torch's headers (TORCH_CHECK messages) must not carry this machine's path.
+    cflags = inc + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-Xcompiler", f"-ffile-prefix-map={site}=site-packages"]
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     ldflags = [f"-L{lib}", "-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu", "-ltorch_cuda"]
     return cflags, ldflags
