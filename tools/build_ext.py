@@ -89,7 +89,7 @@ def _cpu_torch_shims(out: pathlib.Path) -> list[str]:
     return [f"-I{out / 'shim'}"]
 
 
-COMMON = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-lineinfo",
+COMMON = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
           "-Xcompiler", "-ffile-prefix-map=" + str(ROOT) + "=.", "-DNDEBUG"]
 
 
