@@ -1,69 +1,154 @@
-"""Main job (./dev smoke): an end-to-end check of what exists, until the smoke suite lands.
+"""The main job: smoke tasks on the embedded default model, FP8 vs BF16 vs goldens.
 
-For the detected arch and explicit Arch(9,0), Arch(10,0), Arch(12,0): quantize a random
-BF16 weight (load-time path for that arch) and activations (Triton kernel, the arch's
-scale layout), dequantize both through the scale format the arch's GEMM consumes, and
-compare the FP8 linear's output with the BF16 reference. Fails above the stated relative
-L2 bound. Prints a table.
+    ./dev smoke [--rewrite] [--arch sm90] [--task NAME] [--model-dir DIR]
+    bazel run //smoke:run -- [same flags]
+
+For the detected Arch (CPU included; --arch forces another scale format, e.g. sm100 on
+any machine), every task in smoke/tasks/*.json runs through the FP8 path (online FP8
+weights in the arch's scale format, TP split, per-token-group activations, the task's
+GEMM backend) and through the BF16 reference. A task fails when the FP8 tokens differ
+from the BF16 tokens in the first `tokens_equal_steps` steps, when the cosine of the
+logits falls under `min_cosine`, or when it disagrees with the golden
+smoke/goldens/<arch>/<task>.json (tokens exactly, logits summary within 1e-2 relative).
+--rewrite writes new goldens only for tasks whose BF16 gate passes, and prints the diff.
+--model-dir runs the same tasks on a user's BF16 checkpoint of this architecture.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import json
+import pathlib
 import sys
 import time
 
 import torch
 
 from rtp_fp8 import arch as A
-from rtp_fp8 import quant as Q
-from rtp_fp8.quant import block as B
-from rtp_fp8.quant import reference as R
-from rtp_fp8.quant import ue8m0
+from smoke import model as MD
 
-REL_L2_MAX = 0.06  # FP8 e4m3 activations and weights, K=1024: ~3-4% measured
-
-
-def _dequant_act(q, s, arch, group=128):
-    if arch.scale_format == "ue8m0":
-        s = ue8m0.unpack(s, q.shape[-1] // group)
-    return R.group_dequant_ref(q, s.contiguous(), group)
+HERE = pathlib.Path(__file__).resolve().parent
+TASKS = HERE / "tasks"
+GOLDENS = HERE / "goldens"
+SUMMARY_RTOL = 1e-2
+ARCHS = {"cpu": A.CPU, "sm90": A.Arch(9, 0), "sm100": A.Arch(10, 0), "sm120": A.Arch(12, 0)}
 
 
-def _dequant_weight(q, s, arch, n, block=128):
-    if arch.scale_format == "ue8m0":
-        rows = ue8m0.unpack(s, -(-q.shape[-1] // block))
-        return (q.float() * rows.repeat_interleave(block, -1)[:, : q.shape[-1]])
-    return B.dequantize_weight_blocks(q, s, block)
+def load_tasks(only: str | None = None) -> list[dict]:
+    tasks = []
+    for p in sorted(TASKS.glob("*.json")):
+        t = json.loads(p.read_text())
+        t.setdefault("name", p.stem)
+        for key in ("prompt", "steps", "tp", "backend", "criteria"):
+            if key not in t:
+                raise ValueError(f"{p}: task lacks {key!r}")
+        if only is None or t["name"] == only:
+            tasks.append(t)
+    if only and not tasks:
+        raise ValueError(f"--task {only!r}: no such task in {TASKS}")
+    return tasks
 
 
-def run_case(arch, device, m=96, n=768, k=1024, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(m, k, generator=g)).to(torch.bfloat16).to(device)
-    w = (torch.randn(n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
+def summarize(logits: torch.Tensor) -> dict:
+    top2 = logits.topk(2, dim=-1).values
+    return {"top1_margin_min": round(float((top2[:, 0] - top2[:, 1]).min()), 4),
+            "logit_sum": round(float(logits.sum()), 4), "logit_norm": round(float(logits.norm()), 4)}
+
+
+def run_task(task: dict, arch: A.Arch, cfg: dict, tensors: dict, device: str) -> dict:
+    plan = MD.weight_plan(cfg)
     t0 = time.perf_counter()
-    qw, sw = Q.quantize_weight(w, arch=arch)
-    qx, sx = Q.quantize_activation(x, arch=arch)
-    y = _dequant_act(qx.cpu(), sx.cpu(), arch) @ _dequant_weight(qw.cpu(), sw.cpu(), arch, n).t()
+    ref_tokens, ref_logits = MD.greedy(task["prompt"], task["steps"], tensors, MD.Bf16Linears(tensors), cfg)
+    lin = MD.Fp8Linears(tensors, plan, arch, task["tp"], task["backend"], device)
+    tokens, logits = MD.greedy(task["prompt"], task["steps"], tensors, lin, cfg)
     dt = time.perf_counter() - t0
-    ref = x.cpu().double() @ w.cpu().double().t()
-    err = float((y.double() - ref).norm() / ref.norm())
-    return err, dt
+    cos = float(torch.nn.functional.cosine_similarity(logits.flatten().double(), ref_logits.flatten().double(), 0))
+    crit = task["criteria"]
+    n_eq = crit.get("tokens_equal_steps", task["steps"])
+    agreed = 0
+    for a, b in zip(tokens, ref_tokens):
+        if a != b:
+            break
+        agreed += 1
+    gate = agreed >= n_eq and cos >= crit.get("min_cosine", 0.999)
+    return {"task": task["name"], "arch": arch.family, "backend": task["backend"], "tp": task["tp"],
+            "tokens": tokens, "ref_tokens": ref_tokens, "agreed": agreed, "steps": task["steps"], "cosine": cos,
+            "gate": gate, "summary": summarize(logits), "time_s": dt}
 
 
-def main(argv):
+def golden_payload(r: dict) -> dict:
+    return {"task": r["task"], "arch": r["arch"], "backend": r["backend"], "tp": r["tp"], "tokens": r["tokens"],
+            "logits_summary": r["summary"],
+            "versions": {"torch": torch.__version__, "rtp_fp8": __import__("rtp_fp8").__version__}}
+
+
+def compare_golden(r: dict, golden: dict) -> list[str]:
+    problems = []
+    if golden["tokens"] != r["tokens"]:
+        problems.append(f"tokens {r['tokens']} != golden {golden['tokens']}")
+    for k, v in golden["logits_summary"].items():
+        got = r["summary"][k]
+        if abs(got - v) > SUMMARY_RTOL * max(abs(v), 1.0):
+            problems.append(f"{k} {got} != golden {v} (rtol {SUMMARY_RTOL})")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="./dev smoke", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rewrite", action="store_true", help="write goldens for tasks whose BF16 gate passes")
+    ap.add_argument("--arch", choices=sorted(ARCHS), help="scale format/arch to run (default: detected)")
+    ap.add_argument("--task", help="run one task")
+    ap.add_argument("--model-dir", help="a BF16 checkpoint (config.json + *.safetensors) of this architecture")
+    a = ap.parse_args(argv)
+    arch = ARCHS[a.arch] if a.arch else A.detect()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    archs = [A.detect()] + [a for a in (A.Arch(9, 0), A.Arch(10, 0), A.Arch(12, 0)) if a != A.detect()]
-    print(f"{'arch':8s} {'scales':7s} {'device':7s} {'rel_l2':>8s} {'bound':>6s} {'time_s':>7s} result")
-    ok = True
-    for arch in archs:
-        err, dt = run_case(arch, device)
-        good = err <= REL_L2_MAX
-        ok &= good
-        print(f"{arch.name:8s} {arch.scale_format:7s} {device:7s} {err:8.4f} {REL_L2_MAX:6.2f} {dt:7.2f} "
-              f"{'PASS' if good else 'FAIL'}")
-    print("smoke:", "passed" if ok else "FAILED")
-    return 0 if ok else 1
+    model_dir = pathlib.Path(a.model_dir) if a.model_dir else MD.ensure_default_checkpoint()
+    from rtp_fp8.loader.online_fp8 import load_safetensors
+
+    cfg, tensors = load_safetensors(model_dir)
+    if cfg.get("architecture") != MD.CONFIG["architecture"]:
+        print(f"smoke: error: {model_dir}/config.json architecture {cfg.get('architecture')!r} is not "
+              f"{MD.CONFIG['architecture']!r}", file=sys.stderr)
+        return 2
+    tensors = {k: v.to(device) for k, v in tensors.items()}
+    use_goldens = a.model_dir is None
+    results, failed = [], False
+    for task in load_tasks(a.task):
+        r = run_task(task, arch, cfg, tensors, device)
+        gpath = GOLDENS / arch.family / f"{task['name']}.json"
+        r["golden"] = "-"
+        if use_goldens and not a.rewrite:
+            if gpath.exists():
+                probs = compare_golden(r, json.loads(gpath.read_text()))
+                r["golden"] = "ok" if not probs else "DIFF"
+                for p in probs:
+                    print(f"smoke: {task['name']}: golden {gpath.relative_to(HERE.parent)}: {p}")
+            else:
+                r["golden"] = "none"
+        if use_goldens and a.rewrite:
+            if not r["gate"]:
+                print(f"smoke: {task['name']}: refusing to rewrite the golden: FP8 disagrees with the BF16 reference")
+                r["golden"] = "refused"
+            else:
+                new = json.dumps(golden_payload(r), indent=2, sort_keys=True) + "\n"
+                old = gpath.read_text() if gpath.exists() else ""
+                sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                           str(gpath) + " (old)", str(gpath) + " (new)"))
+                gpath.parent.mkdir(parents=True, exist_ok=True)
+                gpath.write_text(new)
+                r["golden"] = "written"
+        failed |= not r["gate"] or r["golden"] in ("DIFF", "refused")
+        results.append(r)
+    print(f"{'task':18s} {'arch':6s} {'backend':9s} {'tp':>2s} {'agreed':>7s} {'cosine':>9s} {'golden':>8s} "
+          f"{'time_s':>7s} result")
+    for r in results:
+        ok = r["gate"] and r["golden"] not in ("DIFF", "refused")
+        print(f"{r['task']:18s} {r['arch']:6s} {r['backend']:9s} {r['tp']:2d} {r['agreed']:3d}/{r['steps']:<3d} "
+              f"{r['cosine']:9.6f} {r['golden']:>8s} {r['time_s']:7.1f} {'PASS' if ok else 'FAIL'}")
+    print("smoke:", "FAILED" if failed else "passed", f"({arch.family}, {device})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

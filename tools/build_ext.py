@@ -109,9 +109,20 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
             subprocess.run(cmd, cwd=ROOT, check=True)
             outs.append(obj)
         return outs
+    # Compile (parallel over archs), then link in a second step: nvcc --threads with
+    # -shared in one step raced on its temp files (nvlink: could not read ..._dlink.reg.c).
     out = ROOT / OUTPUT
+    objdir = ROOT / "build" / "ext"
+    objdir.mkdir(parents=True, exist_ok=True)
+    objs = []
+    for src in SOURCES:
+        obj = objdir / (pathlib.Path(src).stem + ".o")
+        cmd = [exe, *COMMON, *par, *gen, *cflags, "-c", src, "-o", str(obj.relative_to(ROOT))]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        objs.append(str(obj.relative_to(ROOT)))
     tmp = out.with_suffix(".so.tmp")
-    cmd = [exe, *COMMON, *par, *gen, *cflags, "-shared", *SOURCES, *ldflags, "-o", str(tmp)]
+    cmd = [exe, "-shared", *gen, *objs, *ldflags, "-o", str(tmp.relative_to(ROOT))]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
     os.replace(tmp, out)

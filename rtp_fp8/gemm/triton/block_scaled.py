@@ -169,8 +169,8 @@ def _same_device(device, **tensors):
 
 
 def _config(m, n, k):
-    if triton_env.interpreting():
-        return 32, 32, 128, 1, 1, 1
+    if triton_env.interpreting():  # few, large programs: the interpreter's cost is per program
+        return min(64, max(16, triton.next_power_of_2(m))), min(256, max(16, triton.next_power_of_2(n))), 128, 1, 1, 1
     if m <= 64:
         return 64, 128, 128, 4, 4, 8
     return 128, 128, 128, 8, 3, 8
