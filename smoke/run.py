@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 probs = compare_golden(r, json.loads(gpath.read_text()))
                 r["golden"] = "ok" if not probs else "DIFF"
                 for p in probs:
-                    print(f"smoke: {task['name']}: golden {gpath.relative_to(HERE.parent)}: {p}")
+                    print(f"smoke: {task['name']}: golden {gpath}: {p}")
             else:
                 r["golden"] = "none"
         if use_goldens and a.rewrite:

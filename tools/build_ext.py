@@ -121,8 +121,12 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
         objs.append(str(obj.relative_to(ROOT)))
+    # Link with the host compiler (no -rdc, so no device link): nvcc's link step embeds the
+    # nvlink command line, -L paths included, in the fatbin. -s drops the symbol table,
+    # which would carry nvcc's PID-named temp file (tmpxft_<pid>_...) and break byte identity.
     tmp = out.with_suffix(".so.tmp")
-    cmd = [exe, "-shared", *gen, *objs, *ldflags, "-o", str(tmp.relative_to(ROOT))]
+    cuda_lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(exe))), "lib64")
+    cmd = ["g++", "-shared", "-s", *objs, *ldflags, f"-L{cuda_lib}", "-lcudart", "-o", str(tmp.relative_to(ROOT))]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
     os.replace(tmp, out)
