@@ -43,6 +43,17 @@ def nvcc_version(exe: str) -> str:
     return m.group(1) if m else ""
 
 
+def cuda_library_dir(exe: str) -> str:
+    """Where nvcc links libcudart from (its LIBRARIES line; nvcc may be a wrapper script)."""
+    out = subprocess.run([exe, "--dryrun", "-c", "x.cu", "-o", "x.o"], capture_output=True, text=True)
+    dirs = re.findall(r'-L"?([^"\s]+)"?', "".join(ln for ln in (out.stdout + out.stderr).splitlines(True)
+                                                   if "LIBRARIES=" in ln))
+    for d in dirs:
+        if "stubs" not in d and os.path.exists(os.path.join(d, "libcudart.so")):
+            return os.path.normpath(d)
+    sys.exit(f"build_ext: libcudart.so not found in nvcc's library dirs {dirs}")
+
+
 def default_archs(version: str) -> list[str]:
     cfg = tcmod.load(ROOT)
     for tc in cfg.toolchains.values():
@@ -125,7 +136,7 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
     # nvlink command line, -L paths included, in the fatbin. -s drops the symbol table,
     # which would carry nvcc's PID-named temp file (tmpxft_<pid>_...) and break byte identity.
     tmp = out.with_suffix(".so.tmp")
-    cuda_lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(exe))), "lib64")
+    cuda_lib = cuda_library_dir(exe)
     cmd = ["g++", "-shared", "-s", *objs, *ldflags, f"-L{cuda_lib}", "-lcudart", "-o", str(tmp.relative_to(ROOT))]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
