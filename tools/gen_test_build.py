@@ -46,6 +46,8 @@ def render() -> str:
         lines = ["rtp_py_test(", f'    name = "{name}",', f'    src = "{rel}",']
         if markers:
             lines.append("    markers = [" + ", ".join(f'"{m}"' for m in markers) + "],")
+        if rel.parts[0] == "smoke":
+            lines.append('    deps = ["//smoke:model"],')
         if rel.parts[0] == "tools":
             lines.append('    data = ["//deps:lock_inputs"],')
             lines.append('    deps = ["//tools:locktool"],')
