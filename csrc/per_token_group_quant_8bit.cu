@@ -27,7 +27,9 @@
 #include <string>
 
 namespace rtp_fp8 {
-namespace {
+// A named namespace, not an anonymous one: cudafe++ mangles anonymous-namespace (and
+// static) entities with a per-compilation random id, which would make builds differ.
+namespace ptgq {
 
 constexpr int kBlockThreads = 256;
 constexpr int kItemsPerThread = 2;  // independent groups in flight per thread
@@ -278,7 +280,7 @@ void per_token_group_quant(const at::Tensor& x, at::Tensor& q, at::Tensor& scale
 void per_token_group_quant_meta(const at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const std::string&, bool,
                                 double) {}
 
-}  // namespace
+}  // namespace ptgq
 }  // namespace rtp_fp8
 
 TORCH_LIBRARY(rtp_fp8_C, m) {
@@ -287,6 +289,6 @@ TORCH_LIBRARY(rtp_fp8_C, m) {
       "bool pow2, float eps) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) { m.impl("per_token_group_quant", &rtp_fp8::per_token_group_quant); }
+TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) { m.impl("per_token_group_quant", &rtp_fp8::ptgq::per_token_group_quant); }
 
-TORCH_LIBRARY_IMPL(rtp_fp8_C, Meta, m) { m.impl("per_token_group_quant", &rtp_fp8::per_token_group_quant_meta); }
+TORCH_LIBRARY_IMPL(rtp_fp8_C, Meta, m) { m.impl("per_token_group_quant", &rtp_fp8::ptgq::per_token_group_quant_meta); }
