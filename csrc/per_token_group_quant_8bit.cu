@@ -32,7 +32,7 @@ namespace rtp_fp8 {
 namespace ptgq {
 
 constexpr int kBlockThreads = 256;
-constexpr int kItemsPerThread = 2;  // independent groups in flight per thread
+constexpr int kItemsPerThread = 4;  // independent groups in flight per thread
 
 enum class Layout { kRow, kCol, kColTma, kUe8m0 };
 
@@ -47,8 +47,8 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { retu
 
 template <bool kInt8>
 __device__ __forceinline__ uint8_t quantize(float x, float scale, float qmax) {
-  if (isnan(x)) {
-    return kInt8 ? 0 : 0x7F;  // fp8 e4m3fn NaN; int8 0
+  if (isnan(x)) {  // fp8 e4m3fn NaN keeping the sign (as torch's and Triton's casts do); int8 0
+    return kInt8 ? 0 : static_cast<uint8_t>(0x7F | (signbit(x) ? 0x80 : 0));
   }
   float y = fminf(fmaxf(__fdiv_rn(x, scale), -qmax), qmax);
   if (kInt8) {
@@ -60,8 +60,8 @@ __device__ __forceinline__ uint8_t quantize(float x, float scale, float qmax) {
 // T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
 __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
-    const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, int64_t m, int64_t k,
-    int64_t num_groups, int64_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax) {
+    const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, uint32_t m, int64_t k,
+    uint32_t num_groups, uint32_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax) {
   constexpr int kVec = 16 / sizeof(T);            // elements per 16-byte load
   constexpr int kElems = VPT * kVec;              // elements per thread per group
   constexpr int kGroupsPerPass = kBlockThreads / TPG;
@@ -72,17 +72,18 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
 
   const int lane_in_group = threadIdx.x % TPG;
   const int sub = threadIdx.x / TPG;
-  const int64_t items = m * groups_padded;
-  const int64_t block_base = static_cast<int64_t>(blockIdx.x) * kItemsPerBlock;
+  // 32-bit index math: 64-bit division costs ~100 instructions (the host checks m*G < 2^31).
+  const uint32_t items = m * groups_padded;
+  const uint32_t block_base = blockIdx.x * kItemsPerBlock;
 
   float vals[kItemsPerThread][kElems];
   bool valid[kItemsPerThread];
-  int64_t rows[kItemsPerThread], gs[kItemsPerThread];
+  uint32_t rows[kItemsPerThread], gs[kItemsPerThread];
 
   // Issue every load first: kItemsPerThread independent 16-byte loads per vector slot.
 #pragma unroll
   for (int it = 0; it < kItemsPerThread; ++it) {
-    const int64_t item = block_base + it * kGroupsPerPass + sub;
+    const uint32_t item = block_base + it * kGroupsPerPass + sub;
     rows[it] = item / groups_padded;
     gs[it] = item % groups_padded;
     valid[it] = item < items && gs[it] < num_groups;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
     for (int v = 0; v < VPT; ++v) {
       if (valid[it]) {
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
-        const uint4 raw = *reinterpret_cast<const uint4*>(x + rows[it] * k + col);
+        const uint4 raw = *reinterpret_cast<const uint4*>(x + (int64_t)rows[it] * k + col);
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) vals[it][v * kVec + j] = to_float<T>(e[j]);
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
 #pragma unroll
         for (int j = 0; j < kVec; ++j) out[j] = quantize<kInt8>(vals[it][v * kVec + j], scale, qmax);
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
-        uint8_t* dst = q + rows[it] * k + col;
+        uint8_t* dst = q + (int64_t)rows[it] * k + col;
         if constexpr (kVec == 8) {
           *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
         } else if constexpr (kVec == 4) {
@@ -142,18 +143,18 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
         exps[it * kGroupsPerPass + sub] = valid[it] ? static_cast<uint8_t>(__float_as_uint(scale) >> 23) : 0;
       }
     } else if (valid[it] && lane_in_group == 0) {
-      reinterpret_cast<float*>(scales)[rows[it] * stride_sm + gs[it] * stride_sg] = scale;
+      reinterpret_cast<float*>(scales)[(int64_t)rows[it] * stride_sm + (int64_t)gs[it] * stride_sg] = scale;
     }
   }
 
   if (kPacked) {
     __syncthreads();
     for (int w = threadIdx.x; w < kItemsPerBlock / 4; w += kBlockThreads) {
-      const int64_t first = block_base + 4 * w;  // items of one word are consecutive and share a row
+      const uint32_t first = block_base + 4 * w;  // items of one word are consecutive and share a row
       if (first >= items) continue;
       const uint32_t word = (uint32_t)exps[4 * w] | ((uint32_t)exps[4 * w + 1] << 8) |
                             ((uint32_t)exps[4 * w + 2] << 16) | ((uint32_t)exps[4 * w + 3] << 24);
-      const int64_t row = first / groups_padded, widx = (first % groups_padded) / 4;
+      const int64_t row = first / groups_padded, widx = (first % groups_padded) / 4;  // 32-bit div
       reinterpret_cast<int32_t*>(scales)[row * stride_sm + widx * stride_sg] = static_cast<int32_t>(word);
     }
   }
@@ -176,9 +177,11 @@ void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, 
   const int64_t gp = kPacked ? align4(g) : g;
   constexpr int kItemsPerBlock = (kBlockThreads / TPG) * kItemsPerThread;
   const int64_t blocks = (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
-  TORCH_CHECK(blocks <= INT32_MAX, "x has too many rows for one launch");
+  TORCH_CHECK(m * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (", m * gp,
+              ") for one launch; split it");
   per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2><<<blocks, kBlockThreads, 0, stream>>>(
-      reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), m, k, g, gp,
+      reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), (uint32_t)m,
+      k, (uint32_t)g, (uint32_t)gp,
       s.stride(0), s.stride(1), eps, qmax);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
