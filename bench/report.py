@@ -1,0 +1,64 @@
+"""Render docs/perf.md from the benchmark JSON files kept in docs/ (one run each).
+
+    python3 bench/report.py docs/bench_quant_<date>.json docs/bench_gemm_<date>.json > docs/perf.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def quant_section(d: dict, path: str) -> str:
+    env = d["env"]
+    rows = "\n".join(f"| {r['impl']} | {r['m']} | {r['layout']} | {r['us']:.1f} | {r['gbs']:.0f} | {r['ratio']:.2f} |"
+                     for r in d["results"])
+    return f"""## Per-token-group quantization bf16 -> fp8 (`bench/quant.py`)
+
+Run: `{path}`. GPU {env['gpu']} ({env['arch']}), driver {env['driver']}, torch {env['torch']}
+(CUDA {env['cuda']}), triton {env['triton']}, python {env['python']}.
+Ceiling measured in the same run: device-to-device copy **{d['copy_gbs']:.0f} GB/s** (read + write).
+
+K=7168, group 128; bytes = bf16 read + fp8 written + scales written. `triton` and
+`cuda ext` rows at M <= 4096 are CUDA-graph replays (kernel time); "eager call" is the
+Python call with launch overhead; `torch.compile(oracle)` is eager-timed.
+
+| impl | M | scale layout | time (us) | GB/s | ratio to copy |
+|---|---:|---|---:|---:|---:|
+{rows}
+
+Direct UE8M0 weight quantization 7168x16384 (GPU), peak memory beyond the result:
+unchunked {d['chunk_extra_mib']['None']:.0f} MiB, 1024-row chunks {d['chunk_extra_mib']['1024']:.0f} MiB.
+"""
+
+
+def gemm_section(d: dict, path: str) -> str:
+    env = d["env"]
+    rows = "\n".join(f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} |"
+                     for r in d["results"])
+    return f"""## Block-scaled FP8 GEMM, Triton (`bench/gemm.py`)
+
+Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
+Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
+**{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128).
+
+| kind | M, N, K | ms | TFLOP/s | ratio to cuBLASLt |
+|---|---|---:|---:|---:|
+{rows}
+"""
+
+
+def main(paths: list[str]) -> int:
+    out = ["# Performance (measured on the lent H200)\n",
+           "Medians (`triton.testing.do_bench` / `do_bench_cudagraph`) from one run each, beside\n"
+           "the ceiling measured in the same run. Rendered by `bench/report.py` from the JSON files\n"
+           "named below; the commentary at the end is written by hand.\n"]
+    for p in paths:
+        d = json.load(open(p))
+        out.append(quant_section(d, p) if "copy_gbs" in d else gemm_section(d, p))
+    sys.stdout.write("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
