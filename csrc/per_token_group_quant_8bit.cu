@@ -5,7 +5,7 @@
 // (rtp_fp8/quant/token_group.py) and the oracle (rtp_fp8/quant/reference.py):
 //   amax   = max |x| over the group's finite values (NaN, +-Inf ignored)
 //   scale  = max(amax, eps) / qmax            (IEEE division), or rounded up to 2^k (pow2)
-//   q      = clamp(x / scale, -qmax, qmax)    (IEEE division, RNE cast; NaN -> NaN / int8 0)
+//   q      = clamp(x / scale, -qmax, qmax)    (IEEE division, RNE cast; NaN -> 0x7F / int8 0)
 // Scale layouts: "row" [M, G], "col" strides (1, M), "col_tma" strides (1, align(M, 4)),
 // "ue8m0" int32 [M, ceil(G/4)] strides (1, align(M, 4)), four exponent bytes per word.
 //
@@ -47,8 +47,8 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { retu
 
 template <bool kInt8>
 __device__ __forceinline__ uint8_t quantize(float x, float scale, float qmax) {
-  if (isnan(x)) {  // fp8 e4m3fn NaN keeping the sign (as torch's and Triton's casts do); int8 0
-    return kInt8 ? 0 : static_cast<uint8_t>(0x7F | (signbit(x) ? 0x80 : 0));
+  if (isnan(x)) {  // the canonical fp8 e4m3fn NaN 0x7F, whatever the input NaN's sign; int8 0
+    return kInt8 ? 0 : 0x7F;
   }
   float y = fminf(fmaxf(__fdiv_rn(x, scale), -qmax), qmax);
   if (kInt8) {

@@ -33,7 +33,8 @@ def quantize_with_scale_ref(x: torch.Tensor, scale: torch.Tensor, out_dtype: tor
     y = (x.cpu().double() / scale.cpu().double()).float().clamp(-qmax, qmax)
     if out_dtype == torch.int8:
         return torch.nan_to_num(torch.round(y), nan=0.0).to(torch.int8)
-    return y.to(out_dtype)
+    # canonical positive NaN (fp8 0x7F): a GPU's cast drops the sign of NaN
+    return torch.where(torch.isnan(y), torch.full_like(y, float("nan")), y).to(out_dtype)
 
 
 def per_token_group_quant_ref(x: torch.Tensor, group_size: int, out_dtype=torch.float8_e4m3fn,

@@ -10,7 +10,8 @@ quantized values, and writes the scales in the requested layout itself, includin
 packed UE8M0 words (four groups per int32), so no second pass re-lays out the scales.
 
 NaN/Inf: the scale comes from the finite amax of the group (NaN and +-Inf ignored);
-NaN stays NaN in fp8 (0 in int8), +-Inf saturates to +-qmax. An all-zero group gets
+NaN becomes the canonical fp8 NaN 0x7F whatever its sign (0 in int8; the GPU's cast
+drops NaN signs, so every backend and the oracle canonicalize), +-Inf saturates to +-qmax. An all-zero group gets
 scale eps/qmax and zero values.
 """
 
@@ -68,7 +69,7 @@ def _per_token_group_quant_kernel(
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:
-        y = tl.where(x != x, x, y)
+        y = tl.where(x != x, float("nan"), y)  # canonical (positive) NaN: fp8 0x7F
     tl.store(q_ptr + rows64[:, None, None] * stride_qm + kofs, y.to(q_ptr.dtype.element_ty), mask=mask)
 
     if PACKED:
@@ -109,7 +110,7 @@ def _per_token_group_quant_seg_kernel(
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:
-        y = tl.where(x != x, x, y)
+        y = tl.where(x != x, float("nan"), y)  # canonical (positive) NaN: fp8 0x7F
     tl.store(q_ptr + offs, y.to(q_ptr.dtype.element_ty), mask=smask[:, None])
 
     if PACKED:  # NUM_GROUPS % 4 == 0 and SEG % 4 == 0: a word never straddles rows or programs

@@ -128,7 +128,7 @@ def test_every_torch_check_names_its_argument():
         ((x, q, torch.empty(4, 8, device="cuda").t(), 128, "row", False, 1e-10), "scales must have strides"),
         ((x, q, s, 128, "ue8m0", False, 1e-10), "scales must be int32"),
     ]
-    xo = torch.empty(8 * 512 + 8, device="cuda", dtype=torch.bfloat16)[8:].view(8, 512)  # 16-byte misaligned
+    xo = torch.empty(8 * 512 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(8, 512)  # 2-byte offset
     cases.append(((xo, q, s, 128, "row", False, 1e-10), "x must be 16-byte aligned"))
     qo = torch.empty(8 * 512 + 8, device="cuda", dtype=torch.float8_e4m3fn)[8:].view(8, 512)
     cases.append(((x, qo, s, 128, "row", False, 1e-10), "q must be 16-byte aligned"))

@@ -178,3 +178,19 @@ def test_tensors_on_different_devices():
 def test_empty_rows_is_a_no_op_that_returns_shapes():
     q, s = T.per_token_group_quant(torch.randn(0, 256), 128, scale_layout="col_tma")
     assert q.shape == (0, 256) and s.shape == (0, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", IN)
+def test_nan_of_either_sign_becomes_canonical_fp8_nan(device, dtype):
+    x = _rand(2, 256, dtype, device, seed=11)
+    x[0, 1] = float("nan")
+    x[1, 200] = -float("nan")
+    bits_nan = {torch.bfloat16: 0xFFFF, torch.float16: 0xFE00}
+    if dtype in bits_nan:  # a NaN with the sign bit set, as torch's fp32 -> bf16 makes
+        x.view(torch.int16)[1, 200] = bits_nan[dtype] - 0x10000
+    q, _ = T.per_token_group_quant(x, 128)
+    qb = q.view(torch.uint8).cpu()
+    assert qb[0, 1].item() == 0x7F and qb[1, 200].item() == 0x7F
+    qr, _ = R.per_token_group_quant_ref(x, 128)
+    assert_bits_equal(q.cpu(), qr)
