@@ -115,7 +115,7 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
         outs = []
         for src in SOURCES:
             obj = compile_only / (pathlib.Path(src).stem + ".o")
-            cmd = [exe, *COMMON, *par, *gen, *cflags, "-c", src, "-o", str(obj)]
+            cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj)]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, cwd=ROOT, check=True)
             outs.append(obj)
@@ -128,7 +128,8 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
     objs = []
     for src in SOURCES:
         obj = objdir / (pathlib.Path(src).stem + ".o")
-        cmd = [exe, *COMMON, *par, *gen, *cflags, "-c", src, "-o", str(obj.relative_to(ROOT))]
+        # --frandom-seed: cudafe++/cicc name internal entities with random ids otherwise
+        cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj.relative_to(ROOT))]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
         objs.append(str(obj.relative_to(ROOT)))
