@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 
 import torch
@@ -82,10 +83,13 @@ def ensure_default_checkpoint(path: pathlib.Path = CACHE) -> pathlib.Path:
     if cfg_file.exists() and json.loads(cfg_file.read_text()) == CONFIG and (path / "model.safetensors").exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "model.safetensors.tmp"
+    # per-process temp names + atomic renames: parallel test workers may race here
+    tmp = path / f"model.safetensors.tmp{os.getpid()}"
     save_file(generate_weights(CONFIG), str(tmp))
     tmp.replace(path / "model.safetensors")
-    cfg_file.write_text(json.dumps(CONFIG, indent=2, sort_keys=True) + "\n")
+    tmp_cfg = path / f"config.json.tmp{os.getpid()}"
+    tmp_cfg.write_text(json.dumps(CONFIG, indent=2, sort_keys=True) + "\n")
+    tmp_cfg.replace(cfg_file)
     return path
 
 
