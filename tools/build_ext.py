@@ -13,12 +13,16 @@ target //csrc:per_token_group_quant compiles the same sources with rules_cuda.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import hashlib
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -100,24 +104,51 @@ def _cpu_torch_shims(out: pathlib.Path) -> list[str]:
     return [f"-I{out / 'shim'}"]
 
 
-COMMON = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-          "-Xcompiler", "-ffile-prefix-map=" + str(ROOT) + "=.", "-DNDEBUG"]
+COMMON = ["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-DNDEBUG"]
+
+
+@contextlib.contextmanager
+def staged_sources():
+    """The sources copied to a path that depends only on their bytes.
+
+    cudafe++ derives the ids of internal entities from the source's absolute path
+    (--orig_src_path_name), so compiling in place makes two checkouts' builds differ;
+    compiling a content-addressed copy makes them byte-identical.
+    """
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.encode() + b"\0" + (ROOT / src).read_bytes())
+    stage = pathlib.Path(tempfile.gettempdir()) / f"rtp_fp8-ext-{h.hexdigest()[:16]}"
+    stage.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(stage) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for src in SOURCES:
+            dst = stage / src
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if not dst.exists() or dst.read_bytes() != (ROOT / src).read_bytes():
+                shutil.copyfile(ROOT / src, dst)
+        yield stage
 
 
 def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) -> list[pathlib.Path]:
+    with staged_sources() as stage:
+        return _build(archs, compile_only, jobs, stage)
+
+
+def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage: pathlib.Path) -> list[pathlib.Path]:
     exe = nvcc()
     cflags, ldflags = torch_flags()
     gen = gencode_flags(archs)
-    par = ["--threads", str(jobs or min(4, len(gen)))]
+    par = ["--threads", str(jobs or min(4, len(gen))), "-Xcompiler", f"-ffile-prefix-map={stage}=."]
     if compile_only:
         compile_only.mkdir(parents=True, exist_ok=True)
         cflags = cflags + _cpu_torch_shims(compile_only)
         outs = []
         for src in SOURCES:
             obj = compile_only / (pathlib.Path(src).stem + ".o")
-            cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj)]
+            cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj.resolve())]
             print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, cwd=ROOT, check=True)
+            subprocess.run(cmd, cwd=stage, check=True)
             outs.append(obj)
         return outs
     # Compile (parallel over archs), then link in a second step: nvcc --threads with
@@ -129,9 +160,9 @@ def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) ->
     for src in SOURCES:
         obj = objdir / (pathlib.Path(src).stem + ".o")
         # --frandom-seed: cudafe++/cicc name internal entities with random ids otherwise
-        cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj.relative_to(ROOT))]
+        cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj)]
         print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        subprocess.run(cmd, cwd=stage, check=True)
         objs.append(str(obj.relative_to(ROOT)))
     # Link with the host compiler (no -rdc, so no device link): nvcc's link step embeds the
     # nvlink command line, -L paths included, in the fatbin. -s drops the symbol table,
