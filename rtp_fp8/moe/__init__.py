@@ -1,0 +1,1 @@
+"""MoE expert parallelism: EP scatter/gather kernels (executors to come)."""
