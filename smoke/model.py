@@ -23,7 +23,6 @@ import pathlib
 
 import torch
 
-from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.loader import online_fp8 as LD
@@ -189,6 +188,3 @@ def greedy(prompt: list[int], steps: int, t: dict, lin, cfg: dict) -> tuple[list
         tokens.append(int(lg.argmax()))
     return tokens[len(prompt):], torch.stack(logits)
 
-
-def default_arch() -> A.Arch:
-    return A.detect()

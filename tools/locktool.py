@@ -307,7 +307,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def ensure_tools_venv(cfg: tcmod.Config, root: pathlib.Path, find_links: list[str]) -> pathlib.Path:
+def ensure_tools_venv(cfg: tcmod.Config, root: pathlib.Path) -> pathlib.Path:
     """The lock tool's venv, installed from its own hash-locked set (bootstrapped once)."""
     venv = root / TOOLS_VENV
     lock = root / cfg.lock_tool.lock
@@ -365,7 +365,7 @@ def preflight_indexes(ls: tcmod.LockSet, find_links: list[str]) -> list[str]:
 
 def pip_compile(ls: tcmod.LockSet, cfg: tcmod.Config, root: pathlib.Path, out: pathlib.Path,
                 find_links: list[str], extra: list[str] = ()) -> None:
-    venv = ensure_tools_venv(cfg, root, find_links)
+    venv = ensure_tools_venv(cfg, root)
     args = [str(venv / "bin" / "pip-compile"), "--quiet", "--resolver=backtracking", "--allow-unsafe",
             "--generate-hashes", "--no-emit-find-links", f"--index-url={ls.index_url}"]
     args += [f"--extra-index-url={u}" for u in ls.extra_index_urls]

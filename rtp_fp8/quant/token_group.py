@@ -137,14 +137,10 @@ def _seg_config(m: int, num_groups: int, group: int) -> tuple[int, int]:
 def _launch_config(m: int, num_groups: int, group: int, packed: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, GPP, num_warps, num_stages) from shape buckets; measured in bench/quant.py."""
     gpp = 4 if packed or num_groups % 4 == 0 else (2 if num_groups % 2 == 0 else 1)
-    if packed:
-        gpp = 4
-    elems = 4096 if triton_env.interpreting() else 4096
-    block_m = max(1, min(32, elems // (gpp * group)))
-    block_m = min(block_m, triton.next_power_of_2(max(m, 1)))
+    rows = triton.next_power_of_2(max(m, 1))
     if triton_env.interpreting():  # fewer, larger programs: interpreter cost is per program
-        block_m = min(64, triton.next_power_of_2(max(m, 1)))
-    return block_m, gpp, 4, 1
+        return min(64, rows), gpp, 4, 1
+    return min(rows, max(1, min(32, 4096 // (gpp * group)))), gpp, 4, 1
 
 
 def _validate(x, group_size, out_dtype, scale_layout):
@@ -165,13 +161,6 @@ def _validate(x, group_size, out_dtype, scale_layout):
         raise ValueError(f"x's last dimension K={x.shape[-1]} is not divisible by group_size={group_size}")
     if x.stride(-1) != 1:
         raise ValueError(f"x must be contiguous in its last dimension, got strides {x.stride()}")
-
-
-def _rows_view(x: torch.Tensor) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.dim() == 2 and x2.shape[0] > 1 and x2.stride(1) != 1:
-        raise ValueError(f"x must be contiguous in its last dimension, got strides {x.stride()}")
-    return x2
 
 
 def default_backend() -> str:
@@ -219,7 +208,7 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
         raise ValueError(f"q must be a tensor of x's shape {tuple(x.shape)}, contiguous in its last dim")
     if q.device != x.device:
         raise ValueError(f"q is on {q.device}, expected {x.device} (same device as x)")
-    x2 = _rows_view(x)
+    x2 = x.reshape(-1, x.shape[-1])  # _validate checked stride(-1) == 1, which reshape keeps
     q2 = q.view(-1, q.shape[-1]) if q.is_contiguous() else q.reshape(-1, q.shape[-1])
     if q2.data_ptr() != q.data_ptr() or (q2.shape[0] > 1 and q2.stride(0) != q.stride(-2)):
         raise ValueError("q must be viewable as [rows, K] without a copy")

@@ -23,7 +23,7 @@ from rtp_fp8.quant.layout import cdiv
 log = logging.getLogger(__name__)
 
 
-def _check(q, tp, rank, dim, size_n, size_k):
+def _check(tp, rank, dim, size_n, size_k):
     if dim not in ("n", "k"):
         raise ValueError(f"dim must be 'n' or 'k', got {dim!r}")
     if not isinstance(tp, int) or tp < 1:
@@ -46,7 +46,7 @@ def split_weight(q: torch.Tensor, scales: torch.Tensor, tp: int, rank: int, dim:
     n, k = q.shape[-2:]
     if tuple(scales.shape) != (*q.shape[:-2], cdiv(n, block), cdiv(k, block)):
         raise ValueError(f"scales shape {tuple(scales.shape)} does not match q {tuple(q.shape)} with block {block}")
-    part = _check(q, tp, rank, dim, n, k)
+    part = _check(tp, rank, dim, n, k)
     axis = -2 if dim == "n" else -1
     lo = rank * part
     if part % block:
@@ -79,7 +79,7 @@ def split_packed(q, packed, tp, rank, dim="n", block=128):
     rows = ue8m0.unpack(packed, kb, "packed")  # [*batch, N, KB]
     if rows.shape[-2] != n:
         raise ValueError(f"packed has {rows.shape[-2]} rows, q has N={n}")
-    part = _check(q, tp, rank, dim, n, k)
+    part = _check(tp, rank, dim, n, k)
     if part % block:
         raise ValueError(f"tp={tp} part {part} of {dim.upper()} is not a multiple of the {block} block")
     lo = rank * part

@@ -8,10 +8,10 @@ import torch
 
 from helpers import DEVICES, rel_l2
 from rtp_fp8 import arch as A
+from rtp_fp8.gemm import reference as GR
 from rtp_fp8.moe import ep_kernels as K
 from rtp_fp8.moe import executors as X
 from rtp_fp8.quant import reference as R
-from rtp_fp8.quant import ue8m0
 
 E, H, INTER, TOPK = 4, 256, 256, 2
 
@@ -24,17 +24,9 @@ def _weights(device, seed=0):
     return wg, wu, wd
 
 
-def _dequant_weight(q, s):
-    if s.dtype == torch.int32:  # packed per-row UE8M0
-        rows = ue8m0.unpack(s.cpu(), q.shape[-1] // 128)
-    else:
-        rows = s.cpu().repeat_interleave(128, -2)[:, : q.shape[-2]]
-    return q.cpu().float() * rows.repeat_interleave(128, -1)
-
-
 def _fp8_emulated(ex, x, ids, w):
     pow2 = ex.arch.scale_format == "ue8m0"
-    w13, w2 = _dequant_weight(*ex.w13), _dequant_weight(*ex.w2)
+    w13, w2 = GR.dequant_b(*ex.w13).float(), GR.dequant_b(*ex.w2).float()
     qx, sx = R.per_token_group_quant_ref(x.cpu(), 128, pow2=pow2)
     xdq = R.group_dequant_ref(qx, sx, 128)
     out = torch.zeros(x.shape)
