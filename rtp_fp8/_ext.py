@@ -1,4 +1,5 @@
-"""The compiled CUDA extension (csrc/, built by tools/build_ext.py into rtp_fp8/_C.so).
+"""The compiled CUDA extension (csrc/): rtp_fp8/_C.so (tools/build_ext.py, or installed by a
+wheel), else Bazel's csrc/_C.so beside the package in the runfiles (//csrc:_C.so).
 
 `available()` is False when the library is absent (not built, CPU-only wheel) or fails
 to load against this torch; callers then take the Triton path, and the reason is logged
@@ -12,19 +13,22 @@ import logging
 import pathlib
 
 log = logging.getLogger(__name__)
-LIBRARY = pathlib.Path(__file__).with_name("_C.so")
+_HERE = pathlib.Path(__file__).parent
+CANDIDATES = (_HERE / "_C.so", _HERE.parent / "csrc" / "_C.so")
 
 
 @functools.lru_cache(maxsize=1)
 def _load():
     import torch
 
-    if not LIBRARY.exists():
-        return None, f"{LIBRARY.name} not built (python3 tools/build_ext.py)"
+    found = [p for p in CANDIDATES if p.exists()]
+    if not found:
+        return None, "_C.so not built (python3 tools/build_ext.py)"
+    library = found[0]
     try:
-        torch.ops.load_library(str(LIBRARY))
+        torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as exc:
-        reason = f"{LIBRARY.name} failed to load: {exc}"
+        reason = f"{library} failed to load: {exc}"
         log.warning("rtp_fp8: CUDA extension unavailable, using Triton: %s", reason)
         return None, reason
     return torch.ops.rtp_fp8_C, ""

@@ -73,3 +73,26 @@ def rtp_py_test(name, src, markers = [], deps = [], data = [], size = "medium", 
         deps = deps + ["//rtp_fp8"] + pypi(TEST_PYPI),
         **kwargs
     )
+
+def smoke_test(name, arch):
+    """The smoke job (smoke/run.py) for one arch's scale format, checked against its goldens.
+
+    Args:
+      name: target name.
+      arch: cpu, sm90, sm100 or sm120; the GPU ones carry that arch's GPU tags.
+    """
+    markers = [] if arch == "cpu" else ["gpu_" + arch]
+    tags = gpu_tags(markers)
+    py_test(
+        name = name,
+        size = "large",
+        srcs = ["//smoke:run.py"],
+        args = [
+            "--arch",
+            arch,
+        ],
+        exec_properties = {"test.Pool": "gpu"} if markers else {},
+        main = "//smoke:run.py",
+        tags = tags,
+        deps = ["//smoke:model"],
+    )

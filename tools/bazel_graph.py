@@ -54,6 +54,16 @@ RULES = {
         "srcs", "hdrs", "deps", "includes", "alwayslink", "rdc", "copts", "host_copts", "defines",
         "local_defines", "host_defines", "host_local_defines", "linkopts", "host_linkopts", "ptxasopts", "archs",
     },
+    "genrule": COMMON | {
+        "srcs", "outs", "cmd", "cmd_bash", "cmd_bat", "cmd_ps", "tools", "toolchains", "executable",
+        "output_to_bindir", "local", "message", "stamp", "output_licenses",
+    },
+    "cc_binary": COMMON | BINARY | {
+        "srcs", "deps", "data", "copts", "conlyopts", "cxxopts", "defines", "local_defines", "includes",
+        "linkopts", "linkshared", "linkstatic", "malloc", "stamp", "additional_linker_inputs", "dynamic_deps",
+        "hdrs_check", "link_extra_lib", "nocopts", "win_def_file", "module_interfaces", "reexport_deps",
+    },
+    "py_package": COMMON | {"deps", "packages"},
     "py_wheel": COMMON | {
         "distribution", "version", "python_tag", "abi", "platform", "compress", "stamp", "requires",
         "requires_file", "extra_requires", "extra_requires_files", "entry_points", "console_scripts", "author",
@@ -77,6 +87,10 @@ EXT_TAGS = {
         "enable_implicit_namespace_pkgs", "pip_data_exclude", "envsubst", "netrc", "auth_patterns",
         "python_interpreter", "python_interpreter_target",
     },
+    ("pip", "whl_mods"): {
+        "hub_name", "whl_name", "additive_build_content", "additive_build_content_file", "copy_executables",
+        "copy_files", "data", "data_exclude_glob", "srcs_exclude_glob",
+    },
     ("toolchain", "toolkit"): {"name", "toolkit_path", "version", "nvcc_version", "components_mapping"},
 }
 EXTENSIONS = {
@@ -86,11 +100,16 @@ EXTENSIONS = {
 }
 STUB_BZL = {
     "@rules_python//python:defs.bzl": ["py_library", "py_binary", "py_test"],
-    "@rules_python//python:packaging.bzl": ["py_wheel"],
+    "@rules_python//python:packaging.bzl": ["py_package", "py_wheel"],
+    "@rules_cc//cc:defs.bzl": ["cc_binary"],
     "@bazel_skylib//rules:common_settings.bzl": ["string_flag"],
     "@rules_cuda//cuda:defs.bzl": ["cuda_library"],
 }
-NATIVE = ["config_setting", "filegroup", "test_suite", "alias"]
+# Non-rule functions of stubbed .bzl files: name -> what the stub returns.
+STUB_FUNCS = {
+    "@rules_cuda//cuda:defs.bzl": {"requires_cuda": lambda: ["@rules_cuda//cuda:is_enabled"]},
+}
+NATIVE = ["config_setting", "filegroup", "test_suite", "alias", "genrule"]
 
 
 class GraphError(Exception):
@@ -165,10 +184,12 @@ class Evaluator:
         for s in srcs:
             self.graph.exported.add(f"//{self.pkg}:{s}")
 
-    def _stub_module(self, names) -> sl.FrozenModule:
+    def _stub_module(self, label: str) -> sl.FrozenModule:
         m = sl.Module()
-        for n in names:
+        for n in STUB_BZL[label]:
             m.add_callable(n, self._rule(n))
+        for n, f in STUB_FUNCS.get(label, {}).items():
+            m.add_callable(n, f)
         return m.freeze()
 
     def _base_module(self) -> sl.Module:
@@ -194,7 +215,7 @@ class Evaluator:
     def _loader(self, pkg: str):
         def load(label: str) -> sl.FrozenModule:
             if label in STUB_BZL:
-                return self._stub_module(STUB_BZL[label])
+                return self._stub_module(label)
             path = self._label_path(label, pkg)
             key = str(path)
             if key not in self.bzl_cache:
@@ -256,6 +277,7 @@ class Evaluator:
             "    return struct(_name = e,\n"
             "                  toolchain = lambda **kw: _tag(e, 'toolchain', kw),\n"
             "                  parse = lambda **kw: _tag(e, 'parse', kw),\n"
+            "                  whl_mods = lambda **kw: _tag(e, 'whl_mods', kw),\n"
             "                  toolkit = lambda **kw: _tag(e, 'toolkit', kw),\n"
             "                  default = lambda **kw: _tag(e, 'default', kw))\n"
         )
@@ -365,9 +387,48 @@ def check(root: pathlib.Path) -> list[str]:
             problems.append(f".bazelrc: config {name} does not set --//deps:toolchain={name}")
         m = re.search(rf"^common:{name} --@rules_cuda//cuda:archs=(\S+)$", rc, re.M)
         got = m.group(1).split(";") if m else []
-        if got != list(tc.nvcc_archs):
-            problems.append(f".bazelrc: config {name} archs {got} != toolchains.{name}.nvcc_archs "
-                            f"{list(tc.nvcc_archs)}")
+        want = list(tc.nvcc_archs) + ([f"compute_{max(int(re.sub(r'[^0-9]', '', a)) for a in tc.nvcc_archs)}"]
+                                      if tc.nvcc_archs else [])
+        if got != want:
+            problems.append(f".bazelrc: config {name} archs {got} != toolchains.{name}.nvcc_archs plus PTX "
+                            f"for the newest {want}")
+        # CUDA toolchains: torch's headers/libs reach //csrc through the hub's torch_cc alias
+        hub = hubs.get(f"pypi_{name}", {})
+        if tc.cuda and (dict(hub.get("extra_hub_aliases", {})).get("torch") != ["torch_cc"]
+                        or "torch" not in dict(hub.get("whl_modifications", {})).values()):
+            problems.append(f"MODULE.bazel: pypi_{name} lacks the torch whl_modifications / torch_cc alias "
+                            "that //csrc links against")
+
+    # 5. the CUDA extension: every csrc/*.cu in a cuda_library linked into //csrc:_C.so;
+    #    archs only from the toolchain config (rules_cuda rejects -gencode/-arch in copts)
+    ext = g.targets.get("//csrc:_C.so")
+    if ext is None or ext.kind != "cc_binary" or not ext.attrs.get("linkshared"):
+        problems.append("//csrc:_C.so missing (cc_binary, linkshared)")
+    else:
+        libs = [g.targets.get(_resolve(d, "csrc")) for d in ext.attrs.get("deps", [])]
+        cu = {s for lib in libs if lib is not None and lib.kind == "cuda_library" for s in lib.attrs.get("srcs", [])}
+        for path in sorted((root / "csrc").glob("*.cu")):
+            if path.name not in cu:
+                problems.append(f"csrc/{path.name}: in no cuda_library linked into //csrc:_C.so")
+        for lib in libs:
+            if lib is not None and lib.kind == "cuda_library":
+                if "archs" in lib.attrs:
+                    problems.append(f"{lib.label}: sets archs; they must come from the toolchain's .bazelrc config")
+                bad = [c for c in lib.attrs.get("copts", []) if c.startswith(("-gencode", "-arch", "-code", "-rdc"))]
+                if bad:
+                    problems.append(f"{lib.label}: copts {bad} (rules_cuda rejects these)")
+
+    # 6. the wheel's version is the package's (one place: rtp_fp8/__init__.py)
+    m = re.search(r'^__version__ = "([^"]+)"$', (root / "rtp_fp8/__init__.py").read_text(), re.M)
+    ver = m.group(1) if m else None
+    whl = g.targets.get("//:wheel")
+    if whl is None or whl.kind != "py_wheel":
+        problems.append("//:wheel missing (py_wheel)")
+    elif whl.attrs.get("version") != ver:
+        problems.append(f"//:wheel version {whl.attrs.get('version')!r} != rtp_fp8.__version__ {ver!r}")
+    for fn, kw in g.module_calls:
+        if fn == "module" and kw.get("version") != ver:
+            problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")
     return problems
 
 

@@ -102,6 +102,39 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def build_info(tc: tcmod.LockSet, ver: str, revision: str, epoch: int) -> bytes:
+    """rtp_fp8/_build_info.json (what `rtp_fp8.build_info()` reports once installed)."""
+    with_ext = bool(tc.cuda)
+    info = {"toolchain": tc.name, "version": ver, "torch": tc.torch, "triton": tc.triton,
+            "cuda": tc.cuda or None, "archs": list(tc.nvcc_archs) if with_ext else [],
+            "extension": with_ext, "source_revision": revision, "source_date_epoch": epoch}
+    return (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _status(path: pathlib.Path) -> dict[str, str]:
+    """Bazel's stable-status.txt (KEY VALUE lines; tools/workspace_status.sh)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        out[key] = value
+    return out
+
+
+def emit(what: str, toolchain: str, output: pathlib.Path, root: pathlib.Path, status: pathlib.Path | None) -> None:
+    """One wheel input for the Bazel wheel (//:wheel): the build info or the Requires-Dist lines."""
+    cfg = tcmod.load(root)
+    if toolchain not in cfg.toolchains:
+        raise WheelError(f"unknown toolchain {toolchain!r}: deps/toolchains.toml defines {', '.join(cfg.toolchains)}")
+    tc = cfg.toolchains[toolchain]
+    if what == "requires":
+        data = "".join(r + "\n" for r in requires(tc, root)).encode()
+    else:
+        st = _status(status) if status else {}
+        epoch = int(st.get("STABLE_SOURCE_DATE_EPOCH") or source_date_epoch(root))
+        data = build_info(tc, version(root), st.get("STABLE_RTP_FP8_REVISION") or source_revision(root), epoch)
+    output.write_bytes(data)
+
+
 def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> pathlib.Path:
     cfg = tcmod.load(root)
     if toolchain not in cfg.toolchains:
@@ -118,12 +151,8 @@ def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> p
     stamp = time.gmtime(epoch)[:6]
     dist = f"rtp_fp8-{ver}.dist-info"
 
-    build_info = {"toolchain": tc.name, "version": ver, "torch": tc.torch, "triton": tc.triton,
-                  "cuda": tc.cuda or None, "archs": list(tc.nvcc_archs) if with_ext else [],
-                  "extension": with_ext, "source_revision": source_revision(root), "source_date_epoch": epoch}
     files = _files(root, with_ext)
-    files.append(("rtp_fp8/_build_info.json", (json.dumps(build_info, indent=2, sort_keys=True) + "\n").encode(),
-                  0o644))
+    files.append(("rtp_fp8/_build_info.json", build_info(tc, ver, source_revision(root), epoch), 0o644))
     meta = [
         "Metadata-Version: 2.1", "Name: rtp_fp8", f"Version: {ver}",
         "Summary: FP8 inference kernels for Hopper and Blackwell: quantization, GEMM, MoE EP",
@@ -157,9 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="./dev wheel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--toolchain", default="cpu")
     ap.add_argument("--out", default="dist", type=pathlib.Path)
+    ap.add_argument("--emit", choices=["build-info", "requires"],
+                    help="write only this wheel input to --output (the Bazel wheel's genrules)")
+    ap.add_argument("--output", type=pathlib.Path, help="with --emit: the file to write")
+    ap.add_argument("--status-file", type=pathlib.Path, help="with --emit build-info: Bazel's stable-status.txt")
+    ap.add_argument("--root", type=pathlib.Path, default=ROOT, help="source root (default: this checkout)")
     a = ap.parse_args(argv)
     try:
-        path = build(a.toolchain, a.out if a.out.is_absolute() else pathlib.Path.cwd() / a.out)
+        if a.emit:
+            if a.output is None:
+                raise WheelError("--emit needs --output")
+            emit(a.emit, a.toolchain, a.output, a.root, a.status_file)
+            return 0
+        path = build(a.toolchain, a.out if a.out.is_absolute() else pathlib.Path.cwd() / a.out, a.root)
     except (WheelError, tcmod.ToolchainError, locktool.LockError) as exc:
         print(f"wheel: error: {exc}", file=sys.stderr)
         return 2

@@ -94,9 +94,9 @@ def test_tag_marker_mismatch_fails(copy):
 
 
 def test_arch_mismatch_fails(copy):
-    _edit(copy / ".bazelrc", "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a;sm_120a",
-          "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a")
-    _fails(copy, ".bazelrc: config cuda13_0 archs ['sm_90a', 'sm_100a'] != toolchains.cuda13_0.nvcc_archs")
+    _edit(copy / ".bazelrc", "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a;sm_120a;compute_120",
+          "common:cuda13_0 --@rules_cuda//cuda:archs=sm_90a;sm_100a;compute_120")
+    _fails(copy, ".bazelrc: config cuda13_0 archs ['sm_90a', 'sm_100a', 'compute_120'] != toolchains.cuda13_0")
 
 
 def test_missing_hub_and_dangling_suite_label_fail(copy):
@@ -114,3 +114,38 @@ def test_cli_exit_codes(copy):
     bad = subprocess.run([sys.executable, "-m", "tools.bazel_graph", str(copy)], cwd=ROOT, capture_output=True,
                          text=True)
     assert bad.returncode == 1 and "test_orphan2.py" in bad.stdout
+
+
+def test_extension_wheel_and_smoke_targets_exist():
+    g = bazel_graph.evaluate(ROOT)
+    lib = g.targets["//csrc:per_token_group_quant_8bit"]
+    assert lib.kind == "cuda_library" and lib.attrs["srcs"] == ["per_token_group_quant_8bit.cu"]
+    assert g.targets["//csrc:_C.so"].attrs["linkshared"] is True
+    assert g.targets["//:wheel"].kind == "py_wheel"
+    assert g.targets["//rtp_fp8:build_info"].attrs["stamp"] == 1
+    for arch in ("cpu", "sm90", "sm100", "sm120"):
+        t = g.targets[f"//smoke:smoke_{arch}"]
+        assert t.attrs["args"] == ["--arch", arch]
+        assert ("gpu_" + arch in t.attrs["tags"]) == (arch != "cpu")
+        assert g.targets[f"//suites:smoke_{arch}"].attrs["tests"] == [f"//smoke:smoke_{arch}"]
+
+
+def test_cu_file_outside_the_extension_fails(copy):
+    (copy / "csrc/extra_kernel.cu").write_text("// not in any cuda_library\n")
+    _fails(copy, "csrc/extra_kernel.cu: in no cuda_library linked into //csrc:_C.so")
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        ("csrc/BUILD.bazel", '    local_defines = ["NDEBUG"],',
+         '    archs = ["sm_90a"],\n    local_defines = ["NDEBUG"],', "//csrc:per_token_group_quant_8bit: sets archs"),
+        ("BUILD.bazel", 'VERSION = "0.1.0"', 'VERSION = "0.1.1"', "//:wheel version '0.1.1' != rtp_fp8.__version__"),
+        ("MODULE.bazel", '    extra_hub_aliases = {"torch": ["torch_cc"]},\n    hub_name = "pypi_cuda13_0",',
+         '    hub_name = "pypi_cuda13_0",', "pypi_cuda13_0 lacks the torch whl_modifications / torch_cc alias"),
+    ],
+    ids=["archs-on-cuda_library", "wheel-version-drift", "torch_cc-alias-missing"],
+)
+def test_extension_and_wheel_drift_fails(copy, path, old, new, needle):
+    _edit(copy / path, old, new)
+    _fails(copy, needle)

@@ -71,3 +71,19 @@ def test_bad_toolchain_and_missing_extension(tmp_path, monkeypatch):
     (src / wheel.EXTENSION).unlink(missing_ok=True)
     with pytest.raises(wheel.WheelError, match="rtp_fp8/_C.so missing"):
         wheel.build("cuda13_0", tmp_path / "out", src)
+
+
+@pytest.mark.parametrize("toolchain", ["cpu", "cuda13_0"])
+def test_bazel_wheel_inputs_match_the_cli_wheel(tmp_path, toolchain):
+    """//:wheel's genrules run `tools/wheel.py --emit`: same Requires-Dist and build info."""
+    status = tmp_path / "stable-status.txt"
+    status.write_text("STABLE_RTP_FP8_REVISION abc123\nSTABLE_SOURCE_DATE_EPOCH 1764633600\n")
+    assert wheel.main(["--emit", "build-info", "--toolchain", toolchain, "--status-file", str(status),
+                       "--output", str(tmp_path / "info.json")]) == 0
+    assert wheel.main(["--emit", "requires", "--toolchain", toolchain, "--output", str(tmp_path / "req.txt")]) == 0
+    tc = tcmod.load(ROOT).toolchains[toolchain]
+    info = json.loads((tmp_path / "info.json").read_text())
+    assert info == json.loads(wheel.build_info(tc, wheel.version(ROOT), "abc123", 1764633600))
+    assert info["archs"] == list(tc.nvcc_archs) and info["extension"] is bool(tc.cuda)
+    assert (tmp_path / "req.txt").read_text().splitlines() == wheel.requires(tc, ROOT)
+    assert wheel.main(["--emit", "requires", "--toolchain", "nope", "--output", str(tmp_path / "x")]) == 2
