@@ -1,26 +1,28 @@
 """MoE expert-parallel scatter/gather kernels (Triton), graph-safe: no host sync, sizes
 from shapes only.
 
-    counts, starts, m_indices, counters = ep_layout(topk_ids, num_experts, capacity, alignment)
+    counts, starts, m_indices, counters = ep_layout(topk_ids, E, capacity, alignment)      # contiguous
+    counts, starts, masked_m, counters = ep_masked_layout(topk_ids, E, max_m)             # masked
     output_index = ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters)
     y = ep_gather(expert_out, topk_weights, output_index)
 
-- counts: tokens per local expert; ids < 0 or >= E are ignored and counted
-  (counters[0] += invalid ids).
-- starts: each expert's first row in the contiguous layout, segments aligned to
-  `alignment` (a power of two 1..256); m_indices[capacity] holds the expert id on real
-  rows and -1 on padding and unused rows (phase 1, its own launches: no program reads
-  another program's writes within a launch).
-- scatter (phase 2): each valid (token, k) takes the next row of its expert's segment
-  (atomic cursor: order within an expert is not deterministic), copies the token's row and
-  its scales there and records output_index[token, k]; a row beyond `capacity` is not
-  written, output_index = -1 and counters[1] += 1 (overflow). Nothing is written out of
-  bounds.
+Expert ids are global; this rank owns experts [expert_offset, expert_offset + E). An id of
+another rank (inside [0, num_global_experts)) is skipped silently: it is routed elsewhere.
+An id < 0 or >= num_global_experts is skipped and counted (counters[0] += 1).
+- counts: tokens per local expert. starts: each expert's first row; contiguous segments are
+  aligned to `alignment` (a power of two 1..256) and m_indices[capacity] holds the expert
+  id on real rows and -1 on padding and unused rows. Masked: expert e owns rows
+  [e * max_m, (e + 1) * max_m) and masked_m = min(counts, max_m). Each phase is its own
+  launch: no program reads another program's writes within one launch.
+- scatter: each local (token, k) takes the next row of its expert's segment, copies the
+  token's row and its scale row there (any scale layout: FP32 row- or column-major, or
+  packed UE8M0 int32, addressed by strides) and records output_index[token, k]. A row past
+  the segment's end (masked: max_m) or past `out`'s capacity is not written: output_index
+  = -1 and counters[1] += 1 (overflow). Nothing is written out of bounds. Order within an
+  expert follows atomics by default; `deterministic=True` keeps token order (a per-block
+  histogram, its exclusive prefix over blocks, and in-block ranks: no atomics decide rows).
 - gather: y[t] = sum_k w[t, k] * expert_out[output_index[t, k]] in FP32 (rows with
   output_index -1 skipped), bf16 out.
-
-Work in progress (issue #7): CPU-interpreter tested; not yet run on the GPU, no
-deterministic mode, no executors.
 """
 
 from __future__ import annotations
@@ -33,13 +35,22 @@ from rtp_fp8 import triton_env  # noqa: F401  (interpreter cast fix)
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, BLOCK: tl.constexpr):
+def _local(ids, E_OFF, E, NG):
+    """-> (local expert id or 0, is local, is invalid) for global ids."""
+    loc = ids - E_OFF
+    is_local = (loc >= 0) & (loc < E)
+    invalid = (ids < 0) | (ids >= NG)
+    return tl.where(is_local, loc, 0), is_local, invalid
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    ids = tl.load(ids_ptr + offs, mask=m, other=-1)
-    valid = m & (ids >= 0) & (ids < E)
-    tl.atomic_add(counts_ptr + tl.where(valid, ids, 0), tl.where(valid, 1, 0), mask=valid)
-    tl.atomic_add(counters_ptr, tl.sum((m & ~valid).to(tl.int32), axis=0))
+    ids = tl.load(ids_ptr + offs, mask=m, other=0)
+    loc, is_local, invalid = _local(ids, E_OFF, E, NG)
+    tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m)
+    tl.atomic_add(counters_ptr, tl.sum((m & invalid).to(tl.int32), axis=0))
 
 
 @triton.jit
@@ -64,42 +75,72 @@ def _m_indices_kernel(counts_ptr, starts_ptr, mi_ptr, cap, E, EB: tl.constexpr, 
 
 
 @triton.jit
-def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, starts_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr, counters_ptr,
-                    n_tokens, topk, E, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
-                    stride_osk, BH: tl.constexpr, BS: tl.constexpr):
-    pid = tl.program_id(0)  # one (token, k) pair per program
-    t = pid // topk
-    eid = tl.load(ids_ptr + pid)
-    valid = (eid >= 0) & (eid < E)
-    e = tl.where(valid, eid, 0)
-    slot = tl.atomic_add(cursor_ptr + e, tl.where(valid, 1, 0))
-    dest = tl.load(starts_ptr + e) + slot
-    ok = valid & (dest < cap)
-    tl.atomic_add(counters_ptr + 1, (valid & (dest >= cap)).to(tl.int32))
-    tl.store(oidx_ptr + pid, tl.where(ok, dest, -1))
-    dest = tl.where(ok, dest, 0)
-    for h0 in range(0, H, BH):
-        offs = h0 + tl.arange(0, BH)
-        hm = (offs < H) & ok
-        v = tl.load(x_ptr + t.to(tl.int64) * stride_xm + offs, mask=hm)
-        tl.store(out_ptr + dest.to(tl.int64) * stride_om + offs, v, mask=hm)
-    so = tl.arange(0, BS)
-    sm = (so < SK) & ok
-    s = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
-    tl.store(os_ptr + dest.to(tl.int64) * stride_osm + so * stride_osk, s, mask=sm)
+def _block_hist_kernel(ids_ptr, hist_ptr, n, E, E_OFF, BLOCK: tl.constexpr):
+    """hist[b, e] = local ids == e in block b (atomics into this program's own row only)."""
+    b = tl.program_id(0)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    loc, is_local, _ = _local(tl.load(ids_ptr + offs, mask=m, other=-1), E_OFF, E, 2147483647)
+    tl.atomic_add(hist_ptr + b * E + loc, tl.where(is_local & m, 1, 0), mask=is_local & m)
 
 
 @triton.jit
-def _gather_kernel(y_ptr, w_ptr, oidx_ptr, out_ptr, topk, H, stride_ym, stride_om, TOPK: tl.constexpr,
-                   BH: tl.constexpr):
+def _det_rank_kernel(ids_ptr, base_ptr, rank_ptr, n, E, E_OFF, BLOCK: tl.constexpr):
+    """rank[i] = pairs before i with the same local expert: base[b, e] (earlier blocks) + in-block rank."""
+    b = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    offs = b * BLOCK + i
+    m = offs < n
+    loc, is_local, _ = _local(tl.load(ids_ptr + offs, mask=m, other=-1), E_OFF, E, 2147483647)
+    key = tl.where(is_local & m, loc, -1)
+    before = (key[:, None] == key[None, :]) & (i[None, :] < i[:, None])
+    rank = tl.sum(before.to(tl.int32), axis=1) + tl.load(base_ptr + b * E + loc, mask=is_local & m, other=0)
+    tl.store(rank_ptr + offs, rank, mask=m)
+
+
+@triton.jit
+def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr,
+                    counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
+                    stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, BH: tl.constexpr,
+                    BS: tl.constexpr):
+    t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
+    k = tl.arange(0, KB)
+    km = k < TOPK
+    loc, is_local, _ = _local(tl.load(ids_ptr + t * TOPK + k, mask=km, other=-1), E_OFF, E, 2147483647)
+    is_local = is_local & km
+    if DET:
+        slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
+    else:
+        slot = tl.atomic_add(cursor_ptr + loc, tl.where(is_local, 1, 0), mask=is_local)
+    dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
+    end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
+    ok = is_local & (dest < end)
+    tl.atomic_add(counters_ptr + 1, tl.sum((is_local & (dest >= end)).to(tl.int32), axis=0))
+    tl.store(oidx_ptr + t * TOPK + k, tl.where(ok, dest, -1), mask=km)
+    dest = tl.where(ok, dest, 0).to(tl.int64)
+    for h0 in range(0, H, BH):
+        offs = h0 + tl.arange(0, BH)
+        hm = offs < H
+        v = tl.load(x_ptr + t.to(tl.int64) * stride_xm + offs, mask=hm)
+        tl.store(out_ptr + dest[:, None] * stride_om + offs[None, :], tl.broadcast_to(v[None, :], (KB, BH)),
+                 mask=ok[:, None] & hm[None, :])
+    so = tl.arange(0, BS)
+    sm = so < SK
+    sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+    tl.store(os_ptr + dest[:, None] * stride_osm + so[None, :] * stride_osk, tl.broadcast_to(sv[None, :], (KB, BS)),
+             mask=ok[:, None] & sm[None, :])
+
+
+@triton.jit
+def _gather_kernel(y_ptr, w_ptr, oidx_ptr, out_ptr, H, stride_ym, stride_om, TOPK: tl.constexpr, BH: tl.constexpr):
     t = tl.program_id(0)
     h0 = tl.program_id(1) * BH
     offs = h0 + tl.arange(0, BH)
     hm = offs < H
     acc = tl.zeros((BH,), dtype=tl.float32)
-    for k in range(TOPK):
-        idx = tl.load(oidx_ptr + t * topk + k)
-        w = tl.load(w_ptr + t * topk + k).to(tl.float32)
+    for k in tl.static_range(TOPK):
+        idx = tl.load(oidx_ptr + t * TOPK + k)
+        w = tl.load(w_ptr + t * TOPK + k).to(tl.float32)
         row = tl.load(y_ptr + tl.where(idx >= 0, idx, 0).to(tl.int64) * stride_ym + offs, mask=hm & (idx >= 0),
                       other=0.0)
         acc += tl.where(idx >= 0, w, 0.0) * row.to(tl.float32)
@@ -118,22 +159,40 @@ def _check_ids(topk_ids):
         raise ValueError(f"topk_ids must be [tokens, topk], got shape {tuple(topk_ids.shape)}")
 
 
-def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128):
-    """-> (counts [E], starts [E], m_indices [capacity], counters [2] int32: invalid ids, overflow)."""
-    _check_ids(topk_ids)
-    if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
-    if num_experts < 1 or num_experts > 1024:
+def _check_experts(num_experts, expert_offset, num_global_experts):
+    if not 1 <= num_experts <= 1024:
         raise ValueError(f"num_experts must be in [1, 1024], got {num_experts}")
+    ng = expert_offset + num_experts if num_global_experts is None else num_global_experts
+    if expert_offset < 0 or expert_offset + num_experts > ng:
+        raise ValueError(f"expert_offset={expert_offset} + num_experts={num_experts} must lie within "
+                         f"num_global_experts={ng}")
+    return ng
+
+
+def _counts(topk_ids, num_experts, expert_offset, ng, counters):
     dev = topk_ids.device
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
-    starts = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    m_indices = torch.empty(capacity, dtype=torch.int32, device=dev)
-    counters = torch.zeros(2, dtype=torch.int32, device=dev)
-    n = ids.numel()
-    if n:
-        _count_kernel[(triton.cdiv(n, 1024),)](ids, counts, counters, n, num_experts, BLOCK=1024)
+    if counters is None:
+        counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    elif counters.dtype != torch.int32 or counters.numel() != 2:
+        raise ValueError("counters must be an int32 tensor of 2 elements (invalid ids, overflow)")
+    if ids.numel():
+        _count_kernel[(triton.cdiv(ids.numel(), 1024),)](ids, counts, counters, ids.numel(), num_experts,
+                                                         expert_offset, ng, BLOCK=1024)
+    return counts, counters
+
+
+def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128, *,
+              expert_offset: int = 0, num_global_experts: int | None = None, counters: torch.Tensor | None = None):
+    """Contiguous layout -> (counts [E], starts [E], m_indices [capacity], counters [2] int32)."""
+    _check_ids(topk_ids)
+    if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
+    ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
+    starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
+    m_indices = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
     eb = triton.next_power_of_2(num_experts)
     _starts_kernel[(1,)](counts, starts, num_experts, ALIGN=alignment, EB=eb)
     if capacity:
@@ -142,38 +201,81 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
     return counts, starts, m_indices, counters
 
 
-def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters):
-    """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk]."""
+def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, expert_offset: int = 0,
+                     num_global_experts: int | None = None, counters: torch.Tensor | None = None):
+    """Masked layout [E, max_m] -> (counts [E], starts [E] = e * max_m, masked_m [E], counters [2])."""
+    _check_ids(topk_ids)
+    if max_m < 1:
+        raise ValueError(f"max_m must be >= 1, got {max_m}")
+    ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
+    starts = torch.arange(num_experts, dtype=torch.int32, device=topk_ids.device) * max_m
+    return counts, starts, counts.clamp(max=max_m), counters
+
+
+def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, expert_offset: int = 0,
+               deterministic: bool = False):
+    """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
+
+    ends [E]: each expert's segment end (masked layout: starts + max_m); default: `out`'s capacity.
+    """
     _check_ids(topk_ids)
     t, topk = topk_ids.shape
     if x.dim() != 2 or x.shape[0] != t:
         raise ValueError(f"x must be [tokens={t}, H], got shape {tuple(x.shape)}")
-    if out.dim() != 2 or out.shape[1] != x.shape[1] or out.dtype != x.dtype:
-        raise ValueError(f"out must be [capacity, {x.shape[1]}] of {x.dtype}")
-    if x_scales.shape[0] != t or out_scales.shape[1:] != x_scales.shape[1:] or out_scales.shape[0] != out.shape[0]:
-        raise ValueError("x_scales / out_scales must have one row per x / out row and the same scale columns")
-    cursor = torch.zeros_like(starts)
+    if x.stride(-1) != 1 or out.dim() != 2 or out.stride(-1) != 1:
+        raise ValueError("x and out must be 2-D with a contiguous last dimension")
+    if out.shape[1] != x.shape[1] or out.dtype != x.dtype:
+        raise ValueError(f"out must be [capacity, {x.shape[1]}] of {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if x_scales.dim() != 2 or x_scales.shape[0] != t:
+        raise ValueError(f"x_scales must be [tokens={t}, scale columns], got {tuple(x_scales.shape)}")
+    if out_scales.dtype != x_scales.dtype or tuple(out_scales.shape) != (out.shape[0], x_scales.shape[1]):
+        raise ValueError(f"out_scales must be [{out.shape[0]}, {x_scales.shape[1]}] of {x_scales.dtype} (the "
+                         f"format of x_scales), got {tuple(out_scales.shape)} {out_scales.dtype}")
+    e = starts.numel()
+    if ends is None:
+        ends = torch.full_like(starts, out.shape[0])
+    elif ends.shape != starts.shape:
+        raise ValueError(f"ends must have one entry per expert ({e}), got {tuple(ends.shape)}")
     oidx = torch.empty(t, topk, dtype=torch.int32, device=x.device)
     ids = topk_ids.to(torch.int32).contiguous()
+    n = t * topk
+    if not n:
+        return oidx
+    rank = cursor = oidx  # placeholders the chosen mode never reads
+    if deterministic:
+        blk = 128
+        nb = triton.cdiv(n, blk)
+        hist = torch.zeros(nb, e, dtype=torch.int32, device=x.device)
+        _block_hist_kernel[(nb,)](ids, hist, n, e, expert_offset, BLOCK=blk)
+        base = (torch.cumsum(hist, 0, dtype=torch.int32) - hist).contiguous()
+        rank = torch.empty(n, dtype=torch.int32, device=x.device)
+        _det_rank_kernel[(nb,)](ids, base, rank, n, e, expert_offset, BLOCK=blk)
+    else:
+        cursor = torch.zeros_like(starts)
     h, sk = x.shape[1], x_scales.shape[1]
-    if t * topk:
-        _scatter_kernel[(t * topk,)](
-            x, x_scales, ids, starts, cursor, out, out_scales, oidx, counters, t, topk, starts.numel(),
-            out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
-            out_scales.stride(0), out_scales.stride(1), BH=min(1024, triton.next_power_of_2(h)),
-            BS=triton.next_power_of_2(max(sk, 1)),
-        )
+    _scatter_kernel[(t,)](
+        x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
+        out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
+        out_scales.stride(0), out_scales.stride(1), TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
+        BH=min(1024, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
+    )
     return oidx
 
 
 def ep_gather(expert_out, topk_weights, output_index, out=None):
+    """Weighted top-k sum (FP32 accumulation) of the expert rows; -> bf16 [T, H]."""
+    if output_index.dim() != 2 or output_index.dtype != torch.int32:
+        raise ValueError("output_index must be an int32 [tokens, topk] tensor (ep_scatter's result)")
     t, topk = output_index.shape
     h = expert_out.shape[1]
-    if topk_weights.shape != (t, topk):
+    if tuple(topk_weights.shape) != (t, topk):
         raise ValueError(f"topk_weights must be [{t}, {topk}], got {tuple(topk_weights.shape)}")
+    if expert_out.stride(-1) != 1:
+        raise ValueError("expert_out must have a contiguous last dimension")
     out = torch.empty(t, h, dtype=torch.bfloat16, device=expert_out.device) if out is None else out
     if t:
         bh = min(1024, triton.next_power_of_2(h))
         _gather_kernel[(t, triton.cdiv(h, bh))](expert_out, topk_weights.contiguous(), output_index.contiguous(),
-                                                out, topk, h, expert_out.stride(0), out.stride(0), TOPK=topk, BH=bh)
+                                                out, h, expert_out.stride(0), out.stride(0), TOPK=topk, BH=bh)
     return out

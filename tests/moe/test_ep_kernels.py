@@ -109,3 +109,121 @@ def test_bad_input():
         K.ep_layout(ids.view(-1), E, 64, 64)
     with pytest.raises(ValueError, match="topk_weights must be"):
         K.ep_gather(torch.zeros(4, H, dtype=torch.bfloat16), torch.ones(T, 2), ids)
+
+
+def _in_token_order(ids, starts, e_off=0):
+    """The deterministic layout: each expert's rows in (token, k) order."""
+    flat = ids.cpu().view(-1).tolist()
+    nxt = {e: int(starts[e]) for e in range(len(starts))}
+    out = []
+    for g in flat:
+        e = g - e_off
+        if 0 <= e < len(starts):
+            out.append(nxt[e])
+            nxt[e] += 1
+        else:
+            out.append(-1)
+    return torch.tensor(out, dtype=torch.int32).view(ids.shape)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_scatter_keeps_token_order(device):
+    # more pairs than one 128-pair block, so block prefixes matter
+    g = torch.Generator().manual_seed(11)
+    t, topk = 150, 4
+    ids = torch.randint(-1, E + 2, (t, topk), generator=g, dtype=torch.int32).to(device)
+    cap = K.workspace_rows(t * topk, E, 64)
+    counts, starts, mi, counters = K.ep_layout(ids, E, cap, 64)
+    x = torch.randint(0, 120, (t, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
+    xs = torch.rand(t, 2, generator=g).to(device)
+    buf = torch.full((cap, H), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    sbuf = torch.full((cap, 2), float("nan"), device=device)
+    oidx = K.ep_scatter(x, xs, ids, starts, buf, sbuf, counters, deterministic=True)
+    assert torch.equal(oidx.cpu(), _in_token_order(ids, starts.cpu()))
+    again = K.ep_scatter(x, xs, ids, starts, buf.clone(), sbuf.clone(), counters, deterministic=True)
+    assert torch.equal(again, oidx)
+    ic = ids.cpu()
+    assert counters.cpu().tolist() == [int(((ic < 0) | (ic >= E)).sum()), 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_masked_layout_with_ep_offset_and_overflow(device, deterministic):
+    """256 global experts over EP=4: this rank owns [64, 128); others' ids are skipped, not counted;
+    ids outside [0, 256) are counted; an expert over max_m drops the excess, counted exactly."""
+    g = torch.Generator().manual_seed(12)
+    t, topk, e_loc, e_off, ng, max_m = 40, 8, 64, 64, 256, 3
+    ids = torch.randint(0, ng, (t, topk), generator=g, dtype=torch.int32)
+    ids[:6, 0] = 70  # six tokens on one local expert: 3 over max_m
+    ids[6, 1], ids[7, 2], ids[8, 3] = -1, 256, 9999
+    ids = ids.to(device)
+    counts, starts, masked_m, counters = K.ep_masked_layout(ids, e_loc, max_m, expert_offset=e_off,
+                                                            num_global_experts=ng)
+    ic = ids.cpu()
+    loc = ic - e_off
+    local = (loc >= 0) & (loc < e_loc)
+    want_counts = torch.bincount(loc[local].long(), minlength=e_loc)
+    assert counts.cpu().tolist() == want_counts.tolist()
+    assert masked_m.cpu().tolist() == want_counts.clamp(max=max_m).tolist()
+    assert starts.cpu().tolist() == [e * max_m for e in range(e_loc)]
+    assert counters.cpu().tolist() == [3, 0]
+
+    cap = e_loc * max_m
+    x = torch.randint(0, 120, (t, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
+    xs = torch.rand(t, 2, generator=g).to(device)
+    buf = torch.full((cap + 4, H), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    sbuf = torch.full((cap + 4, 2), float("nan"), device=device)
+    oidx = K.ep_scatter(x, xs, ids, starts, buf[:cap], sbuf[:cap], counters, ends=starts + max_m,
+                        expert_offset=e_off, deterministic=deterministic).cpu()
+    dropped = int((want_counts - max_m).clamp(min=0).sum())
+    assert dropped >= 3 and counters.cpu().tolist() == [3, dropped]
+    for e in range(e_loc):
+        rows = sorted(oidx[local & (loc == e)].tolist())
+        kept = [r for r in rows if r >= 0]
+        assert kept == list(range(e * max_m, e * max_m + min(int(want_counts[e]), max_m)))
+    if deterministic:  # the first max_m tokens in order keep their rows
+        want = _in_token_order(ids, starts.cpu(), e_off)
+        want[(want >= 0) & ~(want < ((loc.clamp(0, e_loc - 1)) + 1) * max_m)] = -1
+        assert torch.equal(oidx, want)
+    assert bool((buf.view(torch.uint8)[cap:].cpu() == 0x7B).all()) and bool(torch.isnan(sbuf[cap:].cpu()).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_moves_packed_ue8m0_column_major_scales(device):
+    """Scale rows are addressed by strides: packed UE8M0 int32, MN-major with a TMA-aligned stride."""
+    g = torch.Generator().manual_seed(13)
+    t, topk, sk = 9, 2, 3
+    ids = torch.randint(0, E, (t, topk), generator=g, dtype=torch.int32).to(device)
+    cap = K.workspace_rows(t * topk, E, 4)
+    _, starts, _, counters = K.ep_layout(ids, E, cap, 4)
+    x = torch.randint(0, 120, (t, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
+    xs = torch.empty_strided((t, sk), (1, 12), dtype=torch.int32, device=device)  # stride align(9, 4) = 12
+    xs.copy_(torch.randint(0, 2**31 - 1, (t, sk), generator=g, dtype=torch.int32))
+    os_ = torch.empty_strided((cap, sk), (1, cap), dtype=torch.int32, device=device).fill_(0x7B7B7B7B)
+    buf = torch.empty(cap, H, dtype=torch.float8_e4m3fn, device=device)
+    oidx = K.ep_scatter(x, xs, ids, starts, buf, os_, counters).cpu()
+    osc, xsc = os_.cpu(), xs.cpu()
+    for tt in range(t):
+        for k in range(topk):
+            assert torch.equal(osc[int(oidx[tt, k])], xsc[tt])
+
+
+def test_scatter_and_layout_bad_input():
+    ids = _ids("cpu", seed=0)
+    x = torch.zeros(T, H, dtype=torch.float8_e4m3fn)
+    _, starts, _, counters = K.ep_layout(ids, E, 512, 64)
+    buf = torch.empty(512, H, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out_scales must be"):
+        K.ep_scatter(x, torch.ones(T, 2), ids, starts, buf, torch.ones(512, 2, dtype=torch.int32), counters)
+    with pytest.raises(ValueError, match="x_scales must be"):
+        K.ep_scatter(x, torch.ones(T + 1, 2), ids, starts, buf, torch.ones(512, 2), counters)
+    with pytest.raises(ValueError, match="out must be"):
+        K.ep_scatter(x, torch.ones(T, 2), ids, starts, buf[:, :128], torch.ones(512, 2), counters)
+    with pytest.raises(ValueError, match="expert_offset=60"):
+        K.ep_layout(ids, E, 64, 64, expert_offset=60, num_global_experts=64)
+    with pytest.raises(ValueError, match="max_m must be"):
+        K.ep_masked_layout(ids, E, 0)
+    with pytest.raises(ValueError, match="alignment must be a power of two in"):
+        K.ep_layout(ids, E, 64, 512)
+    with pytest.raises(ValueError, match="counters must be"):
+        K.ep_layout(ids, E, 64, 64, counters=torch.zeros(3, dtype=torch.int32))

@@ -1,7 +1,10 @@
-"""Contiguous MoE executor end to end, for FP32 (SM90) and packed UE8M0 (SM120) scales:
-vs an FP8-emulating oracle (the same quantized operands, float math: relative L2 <= 5e-3,
-bf16 rounding) and vs the BF16 MoE oracle (relative L2 <= 0.08: FP8 activations twice and
-FP8 weights, measured ~0.064)."""
+"""MoE executors end to end, contiguous and masked, for FP32 (SM90) and packed UE8M0 (SM120)
+scales: vs an FP8-emulating oracle (the same quantized operands, float math: relative L2
+<= 5e-3, bf16 rounding) and vs the BF16 MoE oracle (relative L2 <= 0.08: FP8 activations
+twice and FP8 weights, measured ~0.064). Plus the strategy, counters, early free and bad
+input; CUDA-graph capture/replay on the GPU."""
+
+import logging
 
 import pytest
 import torch
@@ -24,15 +27,16 @@ def _weights(device, seed=0):
     return wg, wu, wd
 
 
-def _fp8_emulated(ex, x, ids, w):
+def _fp8_emulated(ex, x, ids, w, e_off=0):
     pow2 = ex.arch.scale_format == "ue8m0"
-    w13, w2 = GR.dequant_b(*ex.w13).float(), GR.dequant_b(*ex.w2).float()
+    q = ex.experts
+    w13, w2 = GR.dequant_b(q.w13, q.w13_scales).float(), GR.dequant_b(q.w2, q.w2_scales).float()
     qx, sx = R.per_token_group_quant_ref(x.cpu(), 128, pow2=pow2)
     xdq = R.group_dequant_ref(qx, sx, 128)
     out = torch.zeros(x.shape)
     ids, w = ids.cpu(), w.cpu()
-    for e in range(E):
-        rows, slot = (ids == e).nonzero(as_tuple=True)
+    for e in range(ex.e):
+        rows, slot = (ids == e + e_off).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
         gu = (xdq[rows] @ w13[e].t()).to(torch.bfloat16).float()
@@ -47,7 +51,7 @@ def _fp8_emulated(ex, x, ids, w):
 @pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(12, 0)], ids=str)
 def test_contiguous_executor_matches_bf16_reference(device, arch):
     wg, wu, wd = _weights(device)
-    ex = X.ContiguousExecutor(wg, wu, wd, max_tokens=24, topk=TOPK, arch=arch, alignment=64)
+    ex = X.ContiguousExecutor(X.QuantizedExperts.from_bf16(wg, wu, wd, arch), max_tokens=24, topk=TOPK, alignment=64)
     assert ex.cap == K.workspace_rows(24 * TOPK, E, 64) == 320  # from shapes only: ceil((48 + 4 * 63) / 64) * 64
     g = torch.Generator().manual_seed(3)
     for t in (24, 5):  # the same workspace serves smaller batches
@@ -62,15 +66,131 @@ def test_contiguous_executor_matches_bf16_reference(device, arch):
         assert rel_l2(y.cpu(), _fp8_emulated(ex, x, ids, w)) <= 5e-3
         assert rel_l2(y.cpu(), ref.cpu()) <= 0.08
     assert ex.counters.cpu().tolist() == [2, 0]
+    assert ex.read_counters() == {"invalid_ids": 2, "overflow": 0}
+
+
+def _route(t, n_global, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, n_global, generator=g)
+    w, ids = torch.softmax(logits, -1).topk(TOPK, dim=-1)
+    return ids.to(torch.int32).to(device), w.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(12, 0)], ids=str)
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_masked_executor_with_ep_offset(device, arch, deterministic):
+    """This rank owns experts [4, 8) of 8: other ranks' ids are skipped, not counted."""
+    wg, wu, wd = _weights(device)
+    experts = X.QuantizedExperts.from_bf16(wg, wu, wd, arch)
+    ex = X.MaskedExecutor(experts, max_tokens=6, topk=TOPK, expert_offset=4, num_global_experts=8,
+                          deterministic=deterministic)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, H, generator=g).to(torch.bfloat16).to(device)
+    ids, w = _route(6, 8, device, seed=5)
+    y = ex(x, ids, w)
+    ref = X.moe_reference(x, ids, w, wg, wu, wd, expert_offset=4)
+    assert rel_l2(y.cpu(), _fp8_emulated(ex, x, ids, w, e_off=4)) <= 5e-3
+    assert rel_l2(y.cpu(), ref.cpu()) <= 0.08
+    assert ex.read_counters() == {"invalid_ids": 0, "overflow": 0}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_overflow_is_counted_and_logged(device, caplog):
+    wg, wu, wd = _weights(device)
+    ex = X.MaskedExecutor(X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0)), max_tokens=5, topk=TOPK, max_m=2,
+                          deterministic=True)
+    x = torch.randn(5, H).to(torch.bfloat16).to(device)
+    ids = torch.tensor([[1, 2]] * 5, dtype=torch.int32, device=device)  # 5 tokens on experts 1 and 2, room for 2
+    ids[4, 1] = 77  # invalid
+    w = torch.full((5, TOPK), 0.5, device=device)
+    with caplog.at_level(logging.WARNING, logger="rtp_fp8.moe.executors"):
+        y = ex(x, ids, w)
+        if device == "cuda":  # eager polling reads the previous call's copy: a second call reports the first
+            torch.cuda.synchronize()
+            ex(x, ids, w)
+    per_call = {"invalid_ids": 1, "overflow": 5}  # expert 1: 5 rows, 3 dropped; expert 2: 4 rows, 2 dropped
+    calls = 2 if device == "cuda" else 1
+    assert ex.read_counters() == {k: v * calls for k, v in per_call.items()}
+    assert "dropped routes: 1 invalid expert ids, 5 overflowed rows" in caplog.text
+    ref = X.moe_reference(x[:2], ids[:2], w[:2], wg, wu, wd)  # in token order, the first two keep both routes
+    assert rel_l2(y[:2].cpu(), ref.cpu()) <= 0.08
+    assert torch.equal(y[2:].cpu(), torch.zeros(3, H, dtype=torch.bfloat16))  # every route of tokens 2..4 dropped
+
+
+def test_strategy_picks_logs_once_and_obeys_the_switch(monkeypatch, caplog):
+    monkeypatch.delenv(X.EXECUTOR_ENV, raising=False)
+    monkeypatch.setattr(X, "_logged", set())
+    with caplog.at_level(logging.INFO, logger="rtp_fp8.moe.executors"):
+        assert X.choose(A.Arch(9, 0), 16).executor == "masked"
+        assert X.choose(A.Arch(9, 0), 16).executor == "masked"
+        assert X.choose(A.Arch(9, 0), 4096, graph=True).executor == "contiguous"
+        c = X.choose(A.Arch(12, 0), 2, graph=True)
+    assert (c.executor, c.gemm_backend) == ("masked", "triton")
+    assert caplog.text.count("sm90 eager: masked executor") == 1
+    assert "sm120: DeepGEMM bypassed: DeepGEMM has no kernels for sm120" in caplog.text
+    assert "sm90: DeepGEMM bypassed: the MoE executors run the Triton grouped GEMMs" in caplog.text
+    monkeypatch.setenv(X.EXECUTOR_ENV, "contiguous")  # rollback switch, CUDA graphs kept
+    with caplog.at_level(logging.INFO, logger="rtp_fp8.moe.executors"):
+        c = X.choose(A.Arch(12, 0), 2, graph=True)
+    assert c.executor == "contiguous" and c.reason == f"forced by {X.EXECUTOR_ENV}"
+    assert f"forced by {X.EXECUTOR_ENV}: contiguous instead of masked for 2 tokens" in caplog.text
+    assert X.choose(A.Arch(9, 0), 4096, executor="masked").executor == "masked"
+    monkeypatch.setenv(X.EXECUTOR_ENV, "fast")
+    with pytest.raises(ValueError, match=r"executor \(RTP_FP8_MOE_EXECUTOR\) must be one of"):
+        X.choose(A.Arch(9, 0), 8)
+
+
+def test_fp8moe_dispatches_by_batch_size():
+    wg, wu, wd = _weights("cpu")
+    moe = X.FP8MoE(X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0)), max_tokens=8, topk=TOPK,
+                   masked_max_tokens=2)
+    for t, kind in ((2, "masked"), (5, "contiguous")):
+        x = torch.randn(t, H).to(torch.bfloat16)
+        ids, w = _route(t, E, "cpu", seed=t)
+        y = moe(x, ids, w)
+        assert rel_l2(y, X.moe_reference(x, ids, w, wg, wu, wd)) <= 0.08
+        assert kind in moe._executors
+    moe_forced = X.FP8MoE(moe.experts, max_tokens=8, topk=TOPK, masked_max_tokens=2, executor="masked")
+    with pytest.raises(ValueError, match="more than the masked executor's max_tokens=2"):
+        moe_forced(torch.randn(5, H).to(torch.bfloat16), *_route(5, E, "cpu", seed=1))
+
+
+def test_consume_input_frees_the_activation_in_eager_mode():
+    wg, wu, wd = _weights("cpu")
+    ex = X.ContiguousExecutor(X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0)), max_tokens=4, topk=TOPK)
+    x = torch.randn(4, H).to(torch.bfloat16)
+    keep = x.clone()
+    ids, w = _route(4, E, "cpu", seed=9)
+    y = ex(x, ids, w, consume_input=True)
+    assert x.untyped_storage().size() == 0
+    assert torch.equal(y, ex(keep, ids, w))
 
 
 def test_executor_bad_input():
     wg, wu, wd = _weights("cpu")
     with pytest.raises(ValueError, match="w_down must be"):
-        X.ContiguousExecutor(wg, wu, wd[:, :128], 8, TOPK, A.Arch(9, 0))
-    ex = X.ContiguousExecutor(wg, wu, wd, 8, TOPK, A.Arch(9, 0))
+        X.QuantizedExperts.from_bf16(wg, wu, wd[:, :128], A.Arch(9, 0))
+    q = X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0))
+    with pytest.raises(ValueError, match="w2_scales must be 3-D with 4 experts"):
+        X.QuantizedExperts(q.w13, q.w13_scales, q.w2, q.w2_scales[:3], q.arch)
+    with pytest.raises(ValueError, match="w2 must be"):
+        X.QuantizedExperts(q.w13, q.w13_scales, q.w2[:3], q.w2_scales[:3], q.arch)
+    with pytest.raises(ValueError, match="w13_scales must be torch.int32 for sm120"):
+        X.QuantizedExperts(q.w13, q.w13_scales, q.w2, q.w2_scales, A.Arch(12, 0))
+    with pytest.raises(ValueError, match="multiples of the quant group 512"):
+        X.ContiguousExecutor(q, 8, TOPK, group=512)
+    with pytest.raises(ValueError, match="alignment must be a power of two"):
+        X.ContiguousExecutor(q, 8, TOPK, alignment=96)
+    ex = X.ContiguousExecutor(q, 8, TOPK)
     x = torch.randn(9, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="more than max_tokens=8"):
         ex(x, torch.zeros(9, TOPK, dtype=torch.int32), torch.ones(9, TOPK))
     with pytest.raises(ValueError, match="topk_ids must be"):
         ex(x[:4], torch.zeros(4, 3, dtype=torch.int32), torch.ones(4, 3))
+    with pytest.raises(ValueError, match="topk_ids must be an int32 or int64 tensor"):
+        ex(x[:4], torch.zeros(4, TOPK), torch.ones(4, TOPK))
+    with pytest.raises(ValueError, match=r"x must be \[tokens, H=256\]"):
+        ex(x[:4, :128], torch.zeros(4, TOPK, dtype=torch.int32), torch.ones(4, TOPK))
+    with pytest.raises(ValueError, match="topk_weights must be"):
+        ex(x[:4], torch.zeros(4, TOPK, dtype=torch.int32), torch.ones(4, 1))
