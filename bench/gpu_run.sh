@@ -18,3 +18,5 @@ python3 bench/quant.py --out "$out/quant.json" > "$out/bench.log" 2>&1 || tail -
 grep -v "^sweep" "$out/bench.log" | tail -32
 python3 bench/gemm.py --out "$out/gemm.json" > "$out/gemm.log" 2>&1 || tail -20 "$out/gemm.log"
 tail -14 "$out/gemm.log"
+python3 bench/moe.py --out "$out/moe.json" > "$out/moe.log" 2>&1 || tail -20 "$out/moe.log"
+tail -7 "$out/moe.log"

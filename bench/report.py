@@ -48,6 +48,36 @@ Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm
 """
 
 
+def moe_section(d: dict, path: str) -> str:
+    env, ex = d["env"], d["executor"]
+    rows = "\n".join(f"| {r['t']} | {r['local_routes']} | {r['scatter_us']:.1f} | {r['scatter_gbs']:.0f} | "
+                     f"{r['scatter_ratio']:.2f} | {r['gather_us']:.1f} | {r['gather_gbs']:.0f} | "
+                     f"{r['gather_ratio']:.2f} |"
+                     for r in d["results"])
+    parts = "\n".join(f"| {k} | {v:.0f} |" for k, v in ex["parts_us"].items())
+    return f"""## MoE EP scatter / gather and the contiguous executor (`bench/moe.py`)
+
+Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
+Ceiling measured in the same run: device-to-device copy **{d['copy_gbs']:.0f} GB/s** (read + write).
+
+H=7168, topk=8, 32 local experts of 64 (about half the routes are another rank's), FP8 rows
+with `{d['scale_layout']}` scales, CUDA-graph replays. Scatter = layout (count, starts,
+m_indices) + copy; bytes as documented in bench/moe.py (each byte once).
+
+| T | local routes | scatter (us) | GB/s | ratio to copy | gather (us) | GB/s | ratio to copy |
+|---:|---:|---:|---:|---:|---:|---:|---:|
+{rows}
+
+Contiguous executor, T={ex['t']}, I={ex['inter']} ({ex['local_routes']} local routes, workspace {ex['cap']} rows):
+one forward **{ex['total_us']:.0f} us** ({ex['tflops']:.0f} TFLOP/s over the routed GEMMs) vs the sum of its
+parts timed alone {ex['sum_parts_us']:.0f} us.
+
+| part | us |
+|---|---:|
+{parts}
+"""
+
+
 def main(paths: list[str]) -> int:
     out = ["# Performance (measured on the lent H200)\n",
            "Medians (`triton.testing.do_bench` / `do_bench_cudagraph`) from one run each, beside\n"
@@ -55,7 +85,10 @@ def main(paths: list[str]) -> int:
            "named below; the commentary at the end is written by hand.\n"]
     for p in paths:
         d = json.load(open(p))
-        out.append(quant_section(d, p) if "copy_gbs" in d else gemm_section(d, p))
+        if d.get("bench") == "moe":
+            out.append(moe_section(d, p))
+        else:
+            out.append(quant_section(d, p) if "copy_gbs" in d else gemm_section(d, p))
     sys.stdout.write("\n".join(out))
     return 0
 

@@ -1,0 +1,135 @@
+"""MoE EP scatter/gather and the contiguous executor on the GPU, against the copy ceiling.
+
+    PYTHONPATH=. python3 bench/moe.py [--out results.json]
+
+H=7168, topk=8, 32 local experts of 64 (this rank owns [0, 32): about half the routes are
+another rank's and are skipped), T in {256, 4096, 16384}, FP8 rows with the Arch's
+activation scales. Times are CUDA-graph replays (kernel time, no Python launch cost).
+Bytes, counted once each:
+- scatter (layout + copy): ids read, token rows read once per token with a local route,
+  rows + scale rows written per local route, m_indices written;
+- gather: expert-output rows (bf16) read per local route, weights and output_index read,
+  bf16 output rows written.
+Executor (H=7168, I=2048, T=4096): one forward vs the sum of its parts timed alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from bench.common import copy_bandwidth_gbs, dump, environment
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.moe import ep_kernels as K
+from rtp_fp8.moe import executors as X
+from rtp_fp8.quant import activation_scale_layout
+from rtp_fp8.quant import layout as L
+from rtp_fp8.quant import token_group as T
+
+H, TOPK, E_LOCAL, E_GLOBAL, ALIGN = 7168, 8, 32, 64, 128
+
+
+def graph_ms(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
+def routing(t, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.rand(t, E_GLOBAL, device="cuda", generator=g)
+    w, ids = scores.topk(TOPK, dim=-1)
+    return ids.to(torch.int32), torch.softmax(w, -1)
+
+
+def bench_scatter_gather(t, layout):
+    ids, w = routing(t)
+    x, xs = T.per_token_group_quant(torch.randn(t, H, device="cuda", dtype=torch.bfloat16), 128, scale_layout=layout)
+    cap = K.workspace_rows(t * TOPK, E_LOCAL, ALIGN)
+    out = torch.empty(cap, H, dtype=torch.float8_e4m3fn, device="cuda")
+    out_s = L.alloc_scales((), cap, H // 128, layout, "cuda", zero=True)
+    counters = torch.zeros(2, dtype=torch.int32, device="cuda")
+
+    def scatter():
+        _, starts, _, c = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+        return K.ep_scatter(x, xs, ids, starts, out, out_s, c)
+
+    oidx = scatter()
+    local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
+    tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
+    srow = out_s.shape[1] * out_s.element_size()
+    s_bytes = ids.numel() * 4 + tokens_read * (H + srow) + local * (H + srow) + cap * 4 + oidx.numel() * 4
+    s_ms = graph_ms(scatter)
+    y = torch.randn(cap, H, device="cuda", dtype=torch.bfloat16)
+    yo = torch.empty(t, H, device="cuda", dtype=torch.bfloat16)
+    g_ms = graph_ms(lambda: K.ep_gather(y, w, oidx, out=yo))
+    g_bytes = local * H * 2 + w.numel() * 4 + oidx.numel() * 4 + t * H * 2
+    return {"t": t, "local_routes": local, "scatter_us": s_ms * 1e3, "scatter_gbs": s_bytes / (s_ms * 1e-3) / 1e9,
+            "gather_us": g_ms * 1e3, "gather_gbs": g_bytes / (g_ms * 1e-3) / 1e9}
+
+
+def bench_executor(t=4096, inter=2048):
+    arch = A.detect()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    wg = torch.randn(E_LOCAL, inter, H, device="cuda", generator=g).div_(H**0.5).to(torch.bfloat16)
+    wu = torch.randn(E_LOCAL, inter, H, device="cuda", generator=g).div_(H**0.5).to(torch.bfloat16)
+    wd = torch.randn(E_LOCAL, H, inter, device="cuda", generator=g).div_(inter**0.5).to(torch.bfloat16)
+    experts = X.QuantizedExperts.from_bf16(wg, wu, wd, arch)
+    del wg, wu, wd
+    ex = X.ContiguousExecutor(experts, t, TOPK, alignment=ALIGN, num_global_experts=E_GLOBAL)
+    x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
+    ids, w = routing(t, seed=2)
+    total = graph_ms(lambda: ex(x, ids, w))
+    layout = ex.layout
+    q, s = T.per_token_group_quant(x, 128, scale_layout=layout)
+    _, starts, mi, c = K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL)
+    oidx = K.ep_scatter(q, s, ids, starts, ex.a, ex.a_scales, c)
+    parts = {
+        "quant": graph_ms(lambda: T.per_token_group_quant(x, 128, scale_layout=layout)),
+        "layout+scatter": graph_ms(lambda: K.ep_scatter(
+            q, s, ids, K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL)[1], ex.a, ex.a_scales,
+            c)),
+        "gemm gate_up": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
+            ex.a, ex.a_scales, experts.w13, experts.w13_scales, mi, out=ex.gate_up, alignment=ALIGN)),
+        "silu*mul+quant": graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s)),
+        "gemm down": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
+            ex.act_q, ex.act_s, experts.w2, experts.w2_scales, mi, out=ex.down, alignment=ALIGN)),
+        "gather": graph_ms(lambda: K.ep_gather(ex.down, w, oidx)),
+    }
+    local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
+    flops = 2 * local * (2 * inter * H + inter * H)
+    return {"t": t, "inter": inter, "cap": ex.cap, "local_routes": local, "total_us": total * 1e3,
+            "parts_us": {k: v * 1e3 for k, v in parts.items()}, "sum_parts_us": sum(parts.values()) * 1e3,
+            "tflops": flops / (total * 1e-3) / 1e12}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    env = environment()
+    copy = copy_bandwidth_gbs()
+    layout = activation_scale_layout(A.detect())
+    rows = [bench_scatter_gather(t, layout) for t in (256, 4096, 16384)]
+    for r in rows:
+        r["scatter_ratio"], r["gather_ratio"] = r["scatter_gbs"] / copy, r["gather_gbs"] / copy
+    ex = bench_executor()
+    if a.out:
+        dump(a.out, {"bench": "moe", "env": env, "copy_gbs": copy, "scale_layout": layout, "results": rows,
+                     "executor": ex})
+    print(env)
+    print(f"copy bandwidth (read+write): {copy:.0f} GB/s; scales {layout}")
+    print(f"{'T':>6s} {'routes':>7s} {'scatter us':>10s} {'GB/s':>6s} {'ratio':>5s} {'gather us':>9s} {'GB/s':>6s} "
+          f"{'ratio':>5s}")
+    for r in rows:
+        print(f"{r['t']:6d} {r['local_routes']:7d} {r['scatter_us']:10.1f} {r['scatter_gbs']:6.0f} "
+              f"{r['scatter_ratio']:5.2f} {r['gather_us']:9.1f} {r['gather_gbs']:6.0f} {r['gather_ratio']:5.2f}")
+    print(f"executor T={ex['t']} I={ex['inter']}: {ex['total_us']:.0f} us ({ex['tflops']:.0f} TFLOP/s) vs sum of parts "
+          f"{ex['sum_parts_us']:.0f} us: " + ", ".join(f"{k} {v:.0f}" for k, v in ex["parts_us"].items()))
+
+
+if __name__ == "__main__":
+    main()
