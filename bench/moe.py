@@ -54,8 +54,8 @@ def bench_scatter_gather(t, layout):
     counters = torch.zeros(2, dtype=torch.int32, device="cuda")
 
     def scatter():
-        _, starts, _, c = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
-        return K.ep_scatter(x, xs, ids, starts, out, out_s, c)
+        lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+        return K.ep_scatter(x, xs, ids, lay[1], out, out_s, counters, cursor=lay.cursor)
 
     oidx = scatter()
     local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
@@ -69,6 +69,11 @@ def bench_scatter_gather(t, layout):
     g_bytes = local * H * 2 + w.numel() * 4 + oidx.numel() * 4 + t * H * 2
     return {"t": t, "local_routes": local, "scatter_us": s_ms * 1e3, "scatter_gbs": s_bytes / (s_ms * 1e-3) / 1e9,
             "gather_us": g_ms * 1e3, "gather_gbs": g_bytes / (g_ms * 1e-3) / 1e9}
+
+
+def _layout_scatter(q, s, ids, ex, counters):
+    lay = K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+    return K.ep_scatter(q, s, ids, lay[1], ex.a, ex.a_scales, counters, cursor=lay.cursor)
 
 
 def bench_executor(t=4096, inter=2048):
@@ -89,9 +94,7 @@ def bench_executor(t=4096, inter=2048):
     oidx = K.ep_scatter(q, s, ids, starts, ex.a, ex.a_scales, c)
     parts = {
         "quant": graph_ms(lambda: T.per_token_group_quant(x, 128, scale_layout=layout)),
-        "layout+scatter": graph_ms(lambda: K.ep_scatter(
-            q, s, ids, K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL)[1], ex.a, ex.a_scales,
-            c)),
+        "layout+scatter": graph_ms(lambda: _layout_scatter(q, s, ids, ex, c)),
         "gemm gate_up": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
             ex.a, ex.a_scales, experts.w13, experts.w13_scales, mi, out=ex.gate_up, alignment=ALIGN)),
         "silu*mul+quant": graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s)),

@@ -54,24 +54,36 @@ def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.
 
 
 @triton.jit
-def _starts_kernel(counts_ptr, starts_ptr, E, ALIGN: tl.constexpr, EB: tl.constexpr):
+def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.constexpr, EB: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Contiguous plan: every program derives the aligned starts from the counts (written by the
+    previous launch) itself; program 0 stores starts and zeroes the scatter cursor; each program
+    writes its block of m_indices (expert id on real rows, -1 on padding and unused rows)."""
+    pid = tl.program_id(0)
     e = tl.arange(0, EB)
-    c = tl.load(counts_ptr + e, mask=e < E, other=0)
-    aligned = (c + ALIGN - 1) // ALIGN * ALIGN
-    incl = tl.cumsum(aligned, axis=0)
-    tl.store(starts_ptr + e, incl - aligned, mask=e < E)
+    emask = e < E
+    counts = tl.load(counts_ptr + e, mask=emask, other=0)
+    aligned = (counts + ALIGN - 1) // ALIGN * ALIGN
+    starts = tl.cumsum(aligned, axis=0) - aligned
+    if pid == 0:
+        tl.store(starts_ptr + e, starts, mask=emask)
+        tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    st = tl.where(emask, starts, 2147483647)
+    inside = (rows[:, None] >= st[None, :]) & (rows[:, None] < st[None, :] + counts[None, :])
+    owner = tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1
+    tl.store(mi_ptr + rows, owner, mask=rows < cap)
 
 
 @triton.jit
-def _m_indices_kernel(counts_ptr, starts_ptr, mi_ptr, cap, E, EB: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _masked_plan_kernel(counts_ptr, starts_ptr, ends_ptr, masked_ptr, cursor_ptr, E, MAX_M, EB: tl.constexpr):
     e = tl.arange(0, EB)
     emask = e < E
-    starts = tl.load(starts_ptr + e, mask=emask, other=2147483647)
     counts = tl.load(counts_ptr + e, mask=emask, other=0)
-    inside = (rows[:, None] >= starts[None, :]) & (rows[:, None] < starts[None, :] + counts[None, :])
-    owner = tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1  # -1: padding or unused
-    tl.store(mi_ptr + rows, owner, mask=rows < cap)
+    tl.store(starts_ptr + e, e * MAX_M, mask=emask)
+    tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
+    tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
+    tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
 
 
 @triton.jit
@@ -101,8 +113,8 @@ def _det_rank_kernel(ids_ptr, base_ptr, rank_ptr, n, E, E_OFF, BLOCK: tl.constex
 @triton.jit
 def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr,
                     counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
-                    stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, BH: tl.constexpr,
-                    BS: tl.constexpr):
+                    stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, HAS_ENDS: tl.constexpr,
+                    BH: tl.constexpr, BS: tl.constexpr):
     t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
     k = tl.arange(0, KB)
     km = k < TOPK
@@ -113,22 +125,29 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
     else:
         slot = tl.atomic_add(cursor_ptr + loc, tl.where(is_local, 1, 0), mask=is_local)
     dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
-    end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
+    if HAS_ENDS:
+        end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
+    else:
+        end = cap
     ok = is_local & (dest < end)
     tl.atomic_add(counters_ptr + 1, tl.sum((is_local & (dest >= end)).to(tl.int32), axis=0))
-    tl.store(oidx_ptr + t * TOPK + k, tl.where(ok, dest, -1), mask=km)
-    dest = tl.where(ok, dest, 0).to(tl.int64)
-    for h0 in range(0, H, BH):
-        offs = h0 + tl.arange(0, BH)
-        hm = offs < H
-        v = tl.load(x_ptr + t.to(tl.int64) * stride_xm + offs, mask=hm)
-        tl.store(out_ptr + dest[:, None] * stride_om + offs[None, :], tl.broadcast_to(v[None, :], (KB, BH)),
-                 mask=ok[:, None] & hm[None, :])
-    so = tl.arange(0, BS)
-    sm = so < SK
-    sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
-    tl.store(os_ptr + dest[:, None] * stride_osm + so[None, :] * stride_osk, tl.broadcast_to(sv[None, :], (KB, BS)),
-             mask=ok[:, None] & sm[None, :])
+    dest = tl.where(ok, dest, -1)
+    tl.store(oidx_ptr + t * TOPK + k, dest, mask=km)
+    if tl.sum(ok.to(tl.int32), axis=0) > 0:
+        src = x_ptr + t.to(tl.int64) * stride_xm
+        for h0 in range(0, H, BH):
+            offs = h0 + tl.arange(0, BH)
+            hm = offs < H
+            v = tl.load(src + offs, mask=hm)
+            for kk in tl.static_range(TOPK):
+                d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
+                tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=hm & (d >= 0))
+        so = tl.arange(0, BS)
+        sm = so < SK
+        sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+        for kk in tl.static_range(TOPK):
+            d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
+            tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm & (d >= 0))
 
 
 @triton.jit
@@ -183,8 +202,19 @@ def _counts(topk_ids, num_experts, expert_offset, ng, counters):
     return counts, counters
 
 
+class EpLayout(tuple):
+    """(counts, starts, m_indices | masked_m, counters); `.cursor` (zeroed by the plan launch)
+    and `.ends` (masked: each expert's row limit) go to ep_scatter."""
+
+    def __new__(cls, counts, starts, rows, counters, cursor, ends=None):
+        self = super().__new__(cls, (counts, starts, rows, counters))
+        self.cursor, self.ends = cursor, ends
+        return self
+
+
 def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128, *,
-              expert_offset: int = 0, num_global_experts: int | None = None, counters: torch.Tensor | None = None):
+              expert_offset: int = 0, num_global_experts: int | None = None,
+              counters: torch.Tensor | None = None) -> EpLayout:
     """Contiguous layout -> (counts [E], starts [E], m_indices [capacity], counters [2] int32)."""
     _check_ids(topk_ids)
     if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
@@ -192,32 +222,36 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
     m_indices = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
-    eb = triton.next_power_of_2(num_experts)
-    _starts_kernel[(1,)](counts, starts, num_experts, ALIGN=alignment, EB=eb)
-    if capacity:
-        _m_indices_kernel[(triton.cdiv(capacity, 128),)](counts, starts, m_indices, capacity, num_experts, EB=eb,
-                                                         BLOCK=128)
-    return counts, starts, m_indices, counters
+    blk = 128
+    _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
+                                                        ALIGN=alignment, EB=triton.next_power_of_2(num_experts),
+                                                        BLOCK=blk)
+    return EpLayout(counts, starts, m_indices, counters, cursor)
 
 
 def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, expert_offset: int = 0,
-                     num_global_experts: int | None = None, counters: torch.Tensor | None = None):
-    """Masked layout [E, max_m] -> (counts [E], starts [E] = e * max_m, masked_m [E], counters [2])."""
+                     num_global_experts: int | None = None, counters: torch.Tensor | None = None) -> EpLayout:
+    """Masked layout [E, max_m] -> (counts [E], starts [E] = e * max_m, masked_m [E], counters [2]); .ends."""
     _check_ids(topk_ids)
     if max_m < 1:
         raise ValueError(f"max_m must be >= 1, got {max_m}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
-    starts = torch.arange(num_experts, dtype=torch.int32, device=topk_ids.device) * max_m
-    return counts, starts, counts.clamp(max=max_m), counters
+    plan = torch.empty(4, num_experts, dtype=torch.int32, device=topk_ids.device)
+    starts, ends, masked_m, cursor = plan.unbind(0)
+    _masked_plan_kernel[(1,)](counts, starts, ends, masked_m, cursor, num_experts, max_m,
+                              EB=triton.next_power_of_2(num_experts))
+    return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
-def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, expert_offset: int = 0,
-               deterministic: bool = False):
+def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
+               expert_offset: int = 0, deterministic: bool = False):
     """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
 
     ends [E]: each expert's segment end (masked layout: starts + max_m); default: `out`'s capacity.
+    cursor [E] int32, zero: the layout's `.cursor` (saves a launch); default: a new one.
     """
     _check_ids(topk_ids)
     t, topk = topk_ids.shape
@@ -233,16 +267,15 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
         raise ValueError(f"out_scales must be [{out.shape[0]}, {x_scales.shape[1]}] of {x_scales.dtype} (the "
                          f"format of x_scales), got {tuple(out_scales.shape)} {out_scales.dtype}")
     e = starts.numel()
-    if ends is None:
-        ends = torch.full_like(starts, out.shape[0])
-    elif ends.shape != starts.shape:
-        raise ValueError(f"ends must have one entry per expert ({e}), got {tuple(ends.shape)}")
+    for name, v in (("ends", ends), ("cursor", cursor)):
+        if v is not None and (v.shape != starts.shape or v.dtype != torch.int32):
+            raise ValueError(f"{name} must be int32 with one entry per expert ({e}), got {tuple(v.shape)} {v.dtype}")
     oidx = torch.empty(t, topk, dtype=torch.int32, device=x.device)
     ids = topk_ids.to(torch.int32).contiguous()
     n = t * topk
     if not n:
         return oidx
-    rank = cursor = oidx  # placeholders the chosen mode never reads
+    rank = oidx  # placeholder the atomic mode never reads
     if deterministic:
         blk = 128
         nb = triton.cdiv(n, blk)
@@ -251,14 +284,15 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
         base = (torch.cumsum(hist, 0, dtype=torch.int32) - hist).contiguous()
         rank = torch.empty(n, dtype=torch.int32, device=x.device)
         _det_rank_kernel[(nb,)](ids, base, rank, n, e, expert_offset, BLOCK=blk)
-    else:
+        cursor = starts  # placeholder: not read
+    elif cursor is None:
         cursor = torch.zeros_like(starts)
     h, sk = x.shape[1], x_scales.shape[1]
     _scatter_kernel[(t,)](
-        x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-        out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
+        x, x_scales, ids, rank, starts, ends if ends is not None else starts, cursor, out, out_scales, oidx, counters,
+        e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         out_scales.stride(0), out_scales.stride(1), TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        BH=min(1024, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
+        HAS_ENDS=ends is not None, BH=min(2048, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
     )
     return oidx
 

@@ -229,11 +229,11 @@ class ContiguousExecutor(_Executor):
     def forward(self, x, topk_ids, topk_weights, consume_input: bool = False):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
-        _, starts, m_indices, counters = K.ep_layout(topk_ids, self.e, self.cap, self.alignment,
-                                                     expert_offset=self.expert_offset,
-                                                     num_global_experts=self.num_global)
-        oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, expert_offset=self.expert_offset,
-                            deterministic=self.deterministic)
+        lay = K.ep_layout(topk_ids, self.e, self.cap, self.alignment, expert_offset=self.expert_offset,
+                          num_global_experts=self.num_global)
+        _, starts, m_indices, counters = lay
+        oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, cursor=lay.cursor,
+                            expert_offset=self.expert_offset, deterministic=self.deterministic)
         del q, s  # the quantized input is dead once scattered
         ex = self.experts
         G.m_grouped_fp8_gemm_nt_contiguous(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices, out=self.gate_up,
@@ -271,9 +271,9 @@ class MaskedExecutor(_Executor):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
         e, m = self.e, self.max_m
-        _, starts, masked_m, counters = K.ep_masked_layout(topk_ids, e, m, expert_offset=self.expert_offset,
-                                                           num_global_experts=self.num_global)
-        oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, ends=starts + m,
+        lay = K.ep_masked_layout(topk_ids, e, m, expert_offset=self.expert_offset, num_global_experts=self.num_global)
+        _, starts, masked_m, counters = lay
+        oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, ends=lay.ends, cursor=lay.cursor,
                             expert_offset=self.expert_offset, deterministic=self.deterministic)
         del q, s
         expected_m = max(1, min(m, -(-x.shape[0] * self.topk // e)))
