@@ -1,0 +1,223 @@
+"""The DeepGEMM wrapper against fake deep_gemm modules (DeepGEMM is not installable here or
+on the H200): capability probing by introspection, the version gate, explicit
+disable_ue8m0_cast, the mk-alignment context (restore after injected failures, read-back
+check, concurrent threads) and the version-dependent argument shapes."""
+
+import logging
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import deepgemm as D
+
+
+def _pybind(name, sig, impl=None):
+    """A stand-in for a pybind11 function: no Python signature, the signature on __doc__'s first line."""
+
+    class F:
+        __doc__ = f"{name}({sig}) -> None\n\nDeepGEMM function."
+
+        def __call__(self, *a, **kw):
+            return impl(*a, **kw) if impl else None
+
+    return F()
+
+
+def fake(version="2.6.1", drop=(), legacy_masked=False, theo_args=2, no_cast_kw=()):
+    m = types.ModuleType("deep_gemm")
+    m.__version__ = version
+    m.calls = []
+    state = {"align": 128}
+
+    def rec(name):
+        return lambda *a, **kw: m.calls.append((name, a, kw))
+
+    gemm_sig = "a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, " \
+               "recipe: Optional[tuple[int, int, int]] = None, compiled_dims: str = 'nk', " \
+               "disable_ue8m0_cast: bool = False"
+    for name, extra in (("fp8_gemm_nt", ""), ("m_grouped_fp8_gemm_nt_contiguous", "grouped_layout: torch.Tensor, "),
+                        ("fp8_m_grouped_gemm_nt_masked" if legacy_masked else "m_grouped_fp8_gemm_nt_masked",
+                         "masked_m: torch.Tensor, expected_m: int, ")):
+        sig = gemm_sig.replace("d: torch.Tensor, ", "d: torch.Tensor, " + extra)
+        if name in no_cast_kw:
+            sig = sig.replace(", disable_ue8m0_cast: bool = False", "")
+        setattr(m, name, _pybind(name, sig, rec(name)))
+    m.get_mk_alignment_for_contiguous_layout = lambda: state["align"]
+    m.set_mk_alignment_for_contiguous_layout = lambda v: state.__setitem__("align", v)
+    m.transform_sf_into_required_layout = rec("transform_sf_into_required_layout")
+    if theo_args == 2:
+        m.get_theoretical_mk_alignment_for_contiguous_layout = _pybind(
+            "get_theoretical_mk_alignment_for_contiguous_layout", "expected_m: int, num_groups: int",
+            lambda e, g: 64 if e // g < 64 else 128)
+    elif theo_args == 1:
+        m.get_theoretical_mk_alignment_for_contiguous_layout = _pybind(
+            "get_theoretical_mk_alignment_for_contiguous_layout", "expected_m: Optional[int] = None",
+            lambda e: 64 if e < 64 else 128)
+    m.get_paged_mqa_logits_metadata = rec("get_paged_mqa_logits_metadata")
+    m.fp8_paged_mqa_logits = rec("fp8_paged_mqa_logits")
+    m.fp8_mqa_logits = rec("fp8_mqa_logits")
+    for n in drop:
+        delattr(m, n)
+    m.state = state
+    return m
+
+
+def test_probe_full_module():
+    caps = D.probe(fake())
+    assert caps.available and caps.version == "2.6.1" and caps.masked_name == "m_grouped_fp8_gemm_nt_masked"
+    assert caps.theoretical_alignment_args == 2 and caps.paged_mqa and caps.mqa_logits
+    assert D.probe(fake(legacy_masked=True)).masked_name == "fp8_m_grouped_gemm_nt_masked"
+    assert D.parameters(fake().fp8_gemm_nt)[-1] == "disable_ue8m0_cast"
+
+
+@pytest.mark.parametrize(
+    "mod,reason",
+    [
+        (None, "deep_gemm is not installed"),
+        (fake("2.1.1"), "deep_gemm 2.1.1 is older than the minimum 2.2.0"),
+        (fake("2.3.0", drop=("set_mk_alignment_for_contiguous_layout",)), "lacks set_mk_alignment_for_contiguous"),
+        (fake(drop=("m_grouped_fp8_gemm_nt_masked",)), "lacks m_grouped_fp8_gemm_nt_masked"),
+        (fake(no_cast_kw=("fp8_gemm_nt",)), "fp8_gemm_nt has no disable_ue8m0_cast parameter"),
+    ],
+    ids=["absent", "too-old", "no-set-alignment", "no-masked", "no-cast-flag"],
+)
+def test_missing_capability_is_not_selected(mod, reason):
+    caps = D.probe(mod)
+    assert not caps.available and reason in caps.reason
+    ok, why = D.supports(A.Arch(9, 0), caps)
+    assert not ok and reason in why
+    with pytest.raises(RuntimeError, match="DeepGEMM backend unavailable"):
+        D.fp8_gemm_nt(None, None, None, None, None, A.Arch(9, 0), caps=caps)
+
+
+def test_reason_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(D, "_import", lambda: fake("2.0.0"))
+    D.capabilities.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="rtp_fp8.gemm.deepgemm"):
+            for _ in range(3):
+                assert not D.capabilities().available
+        assert caplog.text.count("DeepGEMM backend not selected: deep_gemm 2.0.0 is older") == 1
+    finally:
+        D.capabilities.cache_clear()
+
+
+def test_sm120_not_served_by_mainline():
+    ok, why = D.supports(A.Arch(12, 0), D.probe(fake()))
+    assert not ok and "no kernels for sm120" in why
+
+
+@pytest.mark.parametrize("arch,flag", [(A.Arch(9, 0), True), (A.Arch(10, 0), False), (A.Arch(12, 0), False)],
+                         ids=str)
+def test_disable_ue8m0_cast_passed_explicitly(arch, flag):
+    m = fake()
+    caps = D.probe(m)
+    D.fp8_gemm_nt("a", "sa", "b", "sb", "out", arch, caps)
+    D.m_grouped_fp8_gemm_nt_contiguous("a", "sa", "b", "sb", "mi", "out", arch, caps)
+    D.m_grouped_fp8_gemm_nt_masked("a", "sa", "b", "sb", "mm", 7, "out", arch, caps)
+    D.transform_sf("sf", 128, 512, (1, 128, 128), arch, caps=caps)
+    assert [c[0] for c in m.calls] == ["fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous",
+                                       "m_grouped_fp8_gemm_nt_masked", "transform_sf_into_required_layout"]
+    assert all(c[2]["disable_ue8m0_cast"] is flag for c in m.calls)
+    assert m.calls[1][1] == (("a", "sa"), ("b", "sb"), "out", "mi")  # grouped layout positional (renamed in 2.2)
+    assert m.calls[2][1][-1] == 7
+
+
+def test_mk_alignment_sets_and_restores():
+    m = fake()
+    caps = D.probe(m)
+    with D.mk_alignment(64, caps) as v:
+        assert v == 64 and m.get_mk_alignment_for_contiguous_layout() == 64
+    assert m.state["align"] == 128
+
+
+def test_mk_alignment_restores_after_body_raises():
+    m = fake()
+    caps = D.probe(m)
+    with pytest.raises(KeyError):
+        with D.mk_alignment(32, caps):
+            raise KeyError("injected")
+    assert m.state["align"] == 128
+
+
+def test_mk_alignment_restores_after_set_raises_and_checks_read_back():
+    m = fake()
+    caps = D.probe(m)
+
+    def bad_set(v):
+        m.state["align"] = 96  # a partial write, then the failure
+        raise RuntimeError("injected set failure")
+
+    good_set = m.set_mk_alignment_for_contiguous_layout
+    m.set_mk_alignment_for_contiguous_layout = lambda v: bad_set(v) if v != 128 else good_set(v)
+    with pytest.raises(RuntimeError, match="injected set failure"):
+        with D.mk_alignment(64, caps):
+            pytest.fail("body must not run")
+    assert m.state["align"] == 128
+    m.set_mk_alignment_for_contiguous_layout = lambda v: good_set(v if v == 128 else v * 2)  # a silent clamp
+    with pytest.raises(RuntimeError, match="read back 128 after setting 64"):
+        with D.mk_alignment(64, caps):
+            pytest.fail("body must not run")
+    assert m.state["align"] == 128
+    with pytest.raises(ValueError, match="value must be a positive int"):
+        with D.mk_alignment(0, caps):
+            pass
+
+
+def test_mk_alignment_is_safe_under_concurrent_threads():
+    m = fake()
+    caps = D.probe(m)
+    errors = []
+
+    def worker(v):
+        for _ in range(20):
+            with D.mk_alignment(v, caps):
+                time.sleep(0.0005)
+                if m.get_mk_alignment_for_contiguous_layout() != v:
+                    errors.append(v)
+
+    threads = [threading.Thread(target=worker, args=(v,)) for v in (16, 32, 64, 256)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and m.state["align"] == 128
+
+
+def test_theoretical_alignment_follows_the_signature():
+    assert D.theoretical_mk_alignment(256, 8, D.probe(fake(theo_args=2))) == 64
+    assert D.theoretical_mk_alignment(256, 8, D.probe(fake(theo_args=1))) == 64  # per group: 32 rows
+    assert D.theoretical_mk_alignment(4096, 8, D.probe(fake(theo_args=1))) == 128
+    assert D.theoretical_mk_alignment(4096, 8, D.probe(fake(theo_args=0))) == 128  # the current alignment
+
+
+def test_context_lens_and_kv_scale_shapes_by_version():
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    assert D.context_lens_for(lens, 1, "2.1.1").shape == (2,)
+    assert D.context_lens_for(lens, 2, "2.3.0").tolist() == [[5, 5], [9, 9]]
+    assert D.context_lens_for(lens[:, None], 1, "2.6.1").shape == (2, 1)
+    with pytest.raises(ValueError, match="takes 1-D context_lens only"):
+        D.context_lens_for(torch.ones(2, 2, dtype=torch.int32), 2, "2.1.1")
+    with pytest.raises(ValueError, match="context_lens must be int32"):
+        D.context_lens_for(lens.long(), 1, "2.6.1")
+    s = torch.rand(7)
+    assert D.kv_scale_for(s, "2.4.2").shape == (7, 1) and D.kv_scale_for(s[:, None], "2.5.0").shape == (7,)
+    with pytest.raises(ValueError, match="kv_scale must be"):
+        D.kv_scale_for(torch.rand(7, 2), "2.6.1")
+
+
+def test_paged_mqa_calls_use_the_normalized_shapes():
+    m = fake("2.4.2")
+    caps = D.probe(m)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    D.paged_mqa_logits_metadata(lens, 1, 64, 132, caps)
+    q = torch.zeros(2, 1, 32, 128)
+    D.fp8_paged_mqa_logits(q, "kv", "w", lens, "bt", "meta", 1024, caps)
+    D.fp8_mqa_logits("q", "kv", torch.rand(7), "w", "ks", "ke", caps)
+    (_, meta_args, _), (_, logit_args, logit_kw), (_, mqa_args, _) = m.calls
+    assert meta_args[0].shape == (2, 1) and logit_args[3].shape == (2, 1) and logit_kw["clean_logits"] is False
+    assert mqa_args[1][1].shape == (7, 1)  # 2.4.2: [N, 1]
