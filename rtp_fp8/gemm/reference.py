@@ -36,3 +36,24 @@ def dequant_b(b: torch.Tensor, sb: torch.Tensor, gran: int = 128) -> torch.Tenso
 
 def gemm_nt_ref(a, sa, b, sb) -> torch.Tensor:
     return dequant_a(a, sa) @ dequant_b(b, sb).transpose(-1, -2)
+
+
+def grouped_contiguous_ref(a, sa, b, sb, m_indices) -> torch.Tensor:
+    """Rows of expert e use b[e]; -1 (and out-of-range) rows are zero. bf16 [M, N]."""
+    ids = m_indices.cpu().long()
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    for e in range(b.shape[0]):
+        rows = (ids == e).nonzero().ravel()
+        if rows.numel():
+            out[rows] = gemm_nt_ref(a.cpu()[rows], sa.cpu()[rows], b[e], sb[e])
+    return out.to(torch.bfloat16)
+
+
+def grouped_masked_ref(a, sa, b, sb, masked_m) -> torch.Tensor:
+    """[E, Mmax, N] bf16; rows past masked_m[e] are zero here (the kernels leave them untouched)."""
+    e_, mmax = a.shape[:2]
+    out = torch.zeros(e_, mmax, b.shape[1], dtype=torch.float64)
+    for e, mm in enumerate(masked_m.cpu().tolist()):
+        if mm:
+            out[e, :mm] = gemm_nt_ref(a[e, :mm], sa[e, :mm], b[e], sb[e])
+    return out.to(torch.bfloat16)

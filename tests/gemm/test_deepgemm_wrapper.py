@@ -6,64 +6,13 @@ check, concurrent threads) and the version-dependent argument shapes."""
 import logging
 import threading
 import time
-import types
 
 import pytest
 import torch
 
+from helpers import fake_deep_gemm as fake
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
-
-
-def _pybind(name, sig, impl=None):
-    """A stand-in for a pybind11 function: no Python signature, the signature on __doc__'s first line."""
-
-    class F:
-        __doc__ = f"{name}({sig}) -> None\n\nDeepGEMM function."
-
-        def __call__(self, *a, **kw):
-            return impl(*a, **kw) if impl else None
-
-    return F()
-
-
-def fake(version="2.6.1", drop=(), legacy_masked=False, theo_args=2, no_cast_kw=()):
-    m = types.ModuleType("deep_gemm")
-    m.__version__ = version
-    m.calls = []
-    state = {"align": 128}
-
-    def rec(name):
-        return lambda *a, **kw: m.calls.append((name, a, kw))
-
-    gemm_sig = "a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, " \
-               "recipe: Optional[tuple[int, int, int]] = None, compiled_dims: str = 'nk', " \
-               "disable_ue8m0_cast: bool = False"
-    for name, extra in (("fp8_gemm_nt", ""), ("m_grouped_fp8_gemm_nt_contiguous", "grouped_layout: torch.Tensor, "),
-                        ("fp8_m_grouped_gemm_nt_masked" if legacy_masked else "m_grouped_fp8_gemm_nt_masked",
-                         "masked_m: torch.Tensor, expected_m: int, ")):
-        sig = gemm_sig.replace("d: torch.Tensor, ", "d: torch.Tensor, " + extra)
-        if name in no_cast_kw:
-            sig = sig.replace(", disable_ue8m0_cast: bool = False", "")
-        setattr(m, name, _pybind(name, sig, rec(name)))
-    m.get_mk_alignment_for_contiguous_layout = lambda: state["align"]
-    m.set_mk_alignment_for_contiguous_layout = lambda v: state.__setitem__("align", v)
-    m.transform_sf_into_required_layout = rec("transform_sf_into_required_layout")
-    if theo_args == 2:
-        m.get_theoretical_mk_alignment_for_contiguous_layout = _pybind(
-            "get_theoretical_mk_alignment_for_contiguous_layout", "expected_m: int, num_groups: int",
-            lambda e, g: 64 if e // g < 64 else 128)
-    elif theo_args == 1:
-        m.get_theoretical_mk_alignment_for_contiguous_layout = _pybind(
-            "get_theoretical_mk_alignment_for_contiguous_layout", "expected_m: Optional[int] = None",
-            lambda e: 64 if e < 64 else 128)
-    m.get_paged_mqa_logits_metadata = rec("get_paged_mqa_logits_metadata")
-    m.fp8_paged_mqa_logits = rec("fp8_paged_mqa_logits")
-    m.fp8_mqa_logits = rec("fp8_mqa_logits")
-    for n in drop:
-        delattr(m, n)
-    m.state = state
-    return m
 
 
 def test_probe_full_module():

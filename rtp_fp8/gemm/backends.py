@@ -1,0 +1,124 @@
+"""The FP8 GEMM backends behind one interface, and the choice among them.
+
+    be = backends.get("triton" | "deepgemm" | "reference", arch)
+    be.gemm_nt(a, sa, b, sb, out)
+    be.grouped_contiguous(a, sa, b, sb, m_indices, out, alignment)
+    be.grouped_masked(a, sa, b, sb, masked_m, expected_m, out)
+    name, reason = backends.select(arch, n, k)          # RTP_FP8_GEMM_BACKEND / override win
+
+Operands are in the Arch's formats (rtp_fp8.quant): A float8_e4m3fn [M, K] with 1x128
+scales (FP32 MN-major TMA-aligned on SM90, packed UE8M0 on SM100/SM120), B [N, K] with
+128x128 FP32 block scales or packed per-row UE8M0. `select` walks the Arch's preference
+order (`Arch.gemm_backends`): DeepGEMM when it is importable, new enough, has the
+functions, serves the arch and the shape (N % 64 == 0, K % 128 == 0); else Triton. The
+choice and every bypassed backend's reason are logged once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import deepgemm as D
+from rtp_fp8.gemm import reference as R
+from rtp_fp8.gemm.triton import block_scaled as G
+
+log = logging.getLogger(__name__)
+BACKEND_ENV = "RTP_FP8_GEMM_BACKEND"
+NAMES = ("deepgemm", "triton", "reference")
+_logged: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        log.info("rtp_fp8.gemm: %s", msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    arch: A.Arch
+
+    def gemm_nt(self, a, sa, b, sb, out=None):
+        if self.name == "deepgemm":
+            return D.fp8_gemm_nt(a, sa, b, sb, G._check_out(out, (a.shape[0], b.shape[0]), a.device), self.arch)
+        if self.name == "reference":
+            return _ref_into(out, R.gemm_nt_ref(a, sa, b, sb))
+        return G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+    def grouped_contiguous(self, a, sa, b, sb, m_indices, out=None, alignment=128, counters=None):
+        if self.name == "deepgemm":
+            out = G._check_out(out, (a.shape[0], b.shape[1]), a.device)
+            with D.mk_alignment(alignment):
+                return D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out, self.arch)
+        if self.name == "reference":
+            return _ref_into(out, R.grouped_contiguous_ref(a, sa, b, sb, m_indices))
+        return G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=out, counters=counters,
+                                                  alignment=alignment)
+
+    def grouped_masked(self, a, sa, b, sb, masked_m, expected_m=None, out=None):
+        if self.name == "deepgemm":
+            out = G._check_out(out, (a.shape[0], a.shape[1], b.shape[1]), a.device)
+            return D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m or a.shape[1], out, self.arch)
+        if self.name == "reference":
+            return _ref_into(out, R.grouped_masked_ref(a, sa, b, sb, masked_m), masked_m)
+        return G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=expected_m, out=out)
+
+
+def _ref_into(out, ref, masked_m=None):
+    ref = ref.to(out.device if out is not None else ref.device)
+    if out is None:
+        return ref
+    if masked_m is None:
+        return out.copy_(ref)
+    for e, mm in enumerate(masked_m.tolist()):  # rows past masked_m untouched, as the kernels do
+        out[e, :mm].copy_(ref[e, :mm])
+    return out
+
+
+def unavailable_reason(name: str, arch: A.Arch, n: int | None = None, k: int | None = None) -> str:
+    """'' when backend `name` can run for arch (and shape), else why not."""
+    if name not in NAMES:
+        raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
+    if name != "deepgemm":
+        return ""
+    ok, why = D.supports(arch)
+    if not ok:
+        return why
+    if (n is not None and n % 64) or (k is not None and k % 128):
+        return f"DeepGEMM needs N % 64 == 0 and K % 128 == 0, got N={n}, K={k}"
+    return ""
+
+
+def select(arch: A.Arch, n: int | None = None, k: int | None = None, override: str | None = None) -> tuple[str, str]:
+    """(backend, reason) for arch and shape; an explicit override (argument or RTP_FP8_GEMM_BACKEND) wins
+    and must be runnable."""
+    forced = override or os.environ.get(BACKEND_ENV) or None
+    if forced not in (None, "auto"):
+        if forced not in NAMES:
+            raise ValueError(f"backend ({BACKEND_ENV}) must be one of {NAMES + ('auto',)}, got {forced!r}")
+        why = unavailable_reason(forced, arch, n, k)
+        if why:
+            raise ValueError(f"backend {forced!r} was forced ({'override' if override else BACKEND_ENV}) but cannot "
+                             f"run: {why}")
+        _log_once(f"{arch}: {forced} forced by {'override' if override else BACKEND_ENV}")
+        return forced, "forced"
+    if arch.is_cuda and "deepgemm" not in arch.gemm_backends:
+        _log_once(f"{arch}: deepgemm bypassed: {D.supports(arch)[1]}")
+    for name in arch.gemm_backends:
+        why = unavailable_reason(name, arch, n, k)
+        if not why:
+            _log_once(f"{arch}: {name} GEMM backend")
+            return name, "preferred for " + str(arch)
+        _log_once(f"{arch}: {name} bypassed: {why}")
+    return "reference", "no kernel backend"
+
+
+def get(name: str, arch: A.Arch) -> Backend:
+    why = unavailable_reason(name, arch)
+    if why:
+        raise ValueError(f"backend {name!r} cannot run on {arch}: {why}")
+    return Backend(name, arch)

@@ -1,0 +1,96 @@
+"""Backend selection per Arch (with and without a usable DeepGEMM) and the FP8 linear layer
+vs the oracle of its quantized operands (relative L2 <= 5e-3) and the BF16 linear (<= 0.05)."""
+
+import logging
+
+import pytest
+import torch
+
+from helpers import fake_deep_gemm as fake
+from helpers import rel_l2
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import backends as BK
+from rtp_fp8.gemm import deepgemm as D
+from rtp_fp8.gemm import reference as GR
+from rtp_fp8.gemm.linear import FP8Linear
+from rtp_fp8.quant import reference as R
+
+
+@pytest.fixture
+def dg_present(monkeypatch):
+    caps = D.probe(fake())
+    monkeypatch.setattr(D, "capabilities", lambda: caps)
+    monkeypatch.setattr(BK, "_logged", set())
+    monkeypatch.delenv(BK.BACKEND_ENV, raising=False)
+    return caps
+
+
+@pytest.fixture
+def dg_absent(monkeypatch):
+    caps = D.probe(None)
+    monkeypatch.setattr(D, "capabilities", lambda: caps)
+    monkeypatch.setattr(BK, "_logged", set())
+    monkeypatch.delenv(BK.BACKEND_ENV, raising=False)
+    return caps
+
+
+@pytest.mark.parametrize("arch,want", [(A.Arch(9, 0), "deepgemm"), (A.Arch(10, 0), "deepgemm"),
+                                       (A.Arch(12, 0), "triton"), (A.CPU, "triton")], ids=str)
+def test_selection_with_deepgemm(dg_present, arch, want, caplog):
+    with caplog.at_level(logging.INFO, logger="rtp_fp8.gemm.backends"):
+        assert BK.select(arch, 7168, 2048)[0] == want
+        BK.select(arch, 7168, 2048)
+    assert caplog.text.count(f"{arch}: {want} GEMM backend") == 1
+    if arch == A.Arch(12, 0):
+        assert "sm120: deepgemm bypassed: DeepGEMM mainline has no kernels for sm120" in caplog.text
+
+
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(10, 0), A.Arch(12, 0)], ids=str)
+def test_selection_without_deepgemm(dg_absent, arch, caplog):
+    with caplog.at_level(logging.INFO, logger="rtp_fp8.gemm.backends"):
+        assert BK.select(arch, 7168, 2048) == ("triton", f"preferred for {arch}")
+    if arch.major in (9, 10):
+        assert "deepgemm bypassed: deep_gemm is not installed" in caplog.text
+
+
+def test_shape_gate_and_overrides(dg_present, monkeypatch):
+    assert BK.select(A.Arch(9, 0), 200, 2048)[0] == "triton"  # N % 64 != 0
+    assert BK.select(A.Arch(9, 0), 256, 2048, override="reference") == ("reference", "forced")
+    monkeypatch.setenv(BK.BACKEND_ENV, "triton")
+    assert BK.select(A.Arch(9, 0), 256, 2048) == ("triton", "forced")
+    monkeypatch.setenv(BK.BACKEND_ENV, "deepgemm")
+    with pytest.raises(ValueError, match="backend 'deepgemm' was forced .* no kernels for sm120"):
+        BK.select(A.Arch(12, 0), 256, 2048)
+    monkeypatch.setenv(BK.BACKEND_ENV, "cutlass")
+    with pytest.raises(ValueError, match=r"backend \(RTP_FP8_GEMM_BACKEND\) must be one of"):
+        BK.select(A.Arch(9, 0), 256, 2048)
+
+
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(12, 0)], ids=str)
+def test_linear_matches_oracles(dg_absent, arch):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(320, 512, generator=g) / 512**0.5).to(torch.bfloat16)
+    bias = torch.randn(320, generator=g).to(torch.bfloat16)
+    x = torch.randn(2, 5, 512, generator=g).to(torch.bfloat16)
+    lin = FP8Linear(w, bias, arch=arch)
+    assert lin.backend == "triton"
+    y = lin(x)
+    assert y.shape == (2, 5, 320) and y.dtype == torch.bfloat16
+    qa, sa = R.per_token_group_quant_ref(x.reshape(10, 512), 128, pow2=arch.scale_format == "ue8m0")
+    emulated = GR.gemm_nt_ref(qa, sa, lin.weight, lin.weight_scales) + bias.double()
+    assert rel_l2(y.reshape(10, 320), emulated) <= 5e-3
+    assert rel_l2(y.float(), torch.nn.functional.linear(x.float(), w.float(), bias.float())) <= 0.05
+
+
+def test_linear_bad_input(dg_absent):
+    w = torch.randn(256, 512).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="weight's K=500 must be a multiple"):
+        FP8Linear(torch.randn(256, 500), arch=A.Arch(9, 0))
+    with pytest.raises(ValueError, match="weight must be bf16/fp16/fp32"):
+        FP8Linear(w.to(torch.float8_e4m3fn), arch=A.Arch(9, 0))
+    with pytest.raises(ValueError, match=r"bias must be \[256\]"):
+        FP8Linear(w, torch.zeros(255), arch=A.Arch(9, 0))
+    lin = FP8Linear(w, arch=A.Arch(9, 0), backend="reference")
+    assert lin.backend == "reference"
+    with pytest.raises(ValueError, match=r"x must be \[..., K=512\]"):
+        lin(torch.randn(3, 256))
