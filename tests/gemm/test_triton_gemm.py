@@ -70,6 +70,19 @@ def test_dense(backend, device, fmt, m, n, k):
     assert rel_l2(out.cpu(), ref) <= TOL
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("n,k", [(2112, 7168), (4096, 512)])
+def test_dense_m4096(backend, fmt, n, k):
+    """The large-M contract case (GPU: the CPU interpreter would take minutes)."""
+    be = _backend(backend, fmt, "cuda")
+    a, sa, b, sb = _operands(4096, n, k, fmt, "cuda", seed=n + k)
+    out = be.gemm_nt(a, sa, b, sb, out=_nan((4096, n), "cuda"))
+    assert not torch.isnan(out).any()
+    assert rel_l2(out.cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
+
+
 def _contiguous_layout(counts, align, device):
     ids = []
     for ex, c in enumerate(counts):
