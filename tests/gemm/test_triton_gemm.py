@@ -71,9 +71,9 @@ def test_dense(backend, device, fmt, m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["triton", "deepgemm"])
 @pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
-@pytest.mark.parametrize("n,k", [(2112, 7168), (4096, 512)])
+@pytest.mark.parametrize("n,k", [(384, 1024), (200, 512)])
 def test_dense_m4096(backend, fmt, n, k):
     """The large-M contract case (GPU: the CPU interpreter would take minutes)."""
     be = _backend(backend, fmt, "cuda")
