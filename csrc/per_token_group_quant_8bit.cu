@@ -45,15 +45,31 @@ __device__ __forceinline__ float to_float<__half>(__half v) { return __half2floa
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-template <bool kInt8>
-__device__ __forceinline__ uint8_t quantize(float x, float scale, float qmax) {
+// q = cast(clamp(x / scale, -qmax, qmax)) with IEEE division semantics. pow2 scales:
+// x * inv is exact (inv = 1 / scale, a power of two). fp8 with FP32 scales: y0 = x * RN(1/scale)
+// lies within 3 fp32 ulps of RN(x / scale); when the (monotone) cast gives the same byte at
+// y0 - 8 ulps and y0 + 8 ulps (clamped to qmax), that byte is exact, so only elements next to
+// an fp8 rounding boundary pay for IEEE division. int8 keeps the division.
+template <bool kInt8, bool kPow2>
+__device__ __forceinline__ uint8_t quantize(float x, float scale, float inv, float qmax) {
   if (isnan(x)) {  // the canonical fp8 e4m3fn NaN 0x7F, whatever the input NaN's sign; int8 0
     return kInt8 ? 0 : 0x7F;
   }
-  float y = fminf(fmaxf(__fdiv_rn(x, scale), -qmax), qmax);
   if (kInt8) {
+    const float y = fminf(fmaxf(__fdiv_rn(x, scale), -qmax), qmax);
     return static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(y)));
   }
+  if (!kPow2) {
+    const float y0 = x * inv;
+    const uint32_t b = __float_as_uint(fabsf(y0));
+    const float lo = fminf(__uint_as_float(b > 8u ? b - 8u : 0u), qmax);
+    const float hi = fminf(__uint_as_float(b + 8u), qmax);
+    const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+    if ((pair & 0xFFu) == (pair >> 8)) {
+      return static_cast<uint8_t>((pair & 0xFFu) | (signbit(y0) ? 0x80u : 0u));
+    }
+  }
+  const float y = fminf(fmaxf(kPow2 ? x * inv : __fdiv_rn(x, scale), -qmax), qmax);
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
 }
 
@@ -120,12 +136,13 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
       const uint32_t e = ((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u);
       scale = __uint_as_float(e << 23);
     }
+    const float inv = __frcp_rn(scale);
     if (valid[it]) {
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
         uint8_t out[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) out[j] = quantize<kInt8>(vals[it][v * kVec + j], scale, qmax);
+        for (int j = 0; j < kVec; ++j) out[j] = quantize<kInt8, kPow2>(vals[it][v * kVec + j], scale, inv, qmax);
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
         uint8_t* dst = q + (int64_t)rows[it] * k + col;
         if constexpr (kVec == 8) {

@@ -39,6 +39,36 @@ def _rint(y):
 
 
 @triton.jit
+def _fp8_bits(v):
+    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+
+
+@triton.jit
+def _quotient(x, scale, qmax, POW2: tl.constexpr, INT8: tl.constexpr):
+    """clamp(x / scale, -qmax, qmax) as IEEE division gives it, then cast, without dividing per element.
+
+    POW2: x * (1 / scale) is exact. FP8 output: y0 = x * RN(1 / scale) is within 3 fp32 ulps of
+    RN(x / scale); when the fp8 value is the same at y0 - 8 ulps and y0 + 8 ulps (clamped to
+    qmax), it is the fp8 value of RN(x / scale) (the cast is monotone), so only a tile with an
+    element next to an fp8 rounding boundary pays for IEEE division. INT8 keeps the division.
+    """
+    if POW2:
+        y = x * tl.math.div_rn(1.0, scale)
+    elif INT8:
+        y = tl.math.div_rn(x, scale)
+    else:
+        y0 = x * tl.math.div_rn(1.0, scale)
+        bits = tl.abs(y0).to(tl.int32, bitcast=True)
+        lo = _fp8_bits(tl.minimum(tl.maximum(bits - 8, 0).to(tl.float32, bitcast=True), qmax))
+        hi = _fp8_bits(tl.minimum((bits + 8).to(tl.float32, bitcast=True), qmax))
+        if tl.max(((lo != hi) & (x == x)).to(tl.int32)) > 0:
+            y = tl.math.div_rn(x, scale)
+        else:
+            y = y0
+    return tl.minimum(tl.maximum(y, -qmax), qmax)
+
+
+@triton.jit
 def _per_token_group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -64,8 +94,7 @@ def _per_token_group_quant_kernel(
         expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (expo << 23).to(tl.float32, bitcast=True)
 
-    y = tl.math.div_rn(x, scale[:, :, None])
-    y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    y = _quotient(x, scale[:, :, None], qmax, POW2, INT8)
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:
@@ -105,8 +134,7 @@ def _per_token_group_quant_seg_kernel(
         bits = scale.to(tl.int32, bitcast=True)
         expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (expo << 23).to(tl.float32, bitcast=True)
-    y = tl.math.div_rn(x, scale[:, None])
-    y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    y = _quotient(x, scale[:, None], qmax, POW2, INT8)
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:

@@ -194,3 +194,41 @@ def test_nan_of_either_sign_becomes_canonical_fp8_nan(device, dtype):
     assert qb[0, 1].item() == 0x7F and qb[1, 200].item() == 0x7F
     qr, _ = R.per_token_group_quant_ref(x, 128)
     assert_bits_equal(q.cpu(), qr)
+
+
+def _boundary_rows():
+    """fp32 rows whose quotients x / scale sit on and next to fp8 rounding boundaries.
+
+    Row 0: amax 448 makes the scale exactly 1, so the quotient is x: fp8 midpoints (normal
+    and subnormal) and their fp32 neighbours +-1..3 ulps. Rows 1-2: scale amax / 448 with a
+    non-trivial amax; x = RN(midpoint * scale) +-k ulps, so the quotient lands within a few
+    ulps of a midpoint on either side."""
+    fp8 = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = ((fp8[1:] + fp8[:-1]) / 2)[::4]  # every 4th midpoint, subnormal to 432
+    rows = []
+    for amax in (448.0, 448.0 * 1.3, 448.0 * 0.0071):
+        scale = torch.tensor(amax, dtype=torch.float32) / 448.0
+        base = (mids * scale).float()
+        vals = [torch.tensor([amax])]
+        for k in (-3, -1, 0, 1, 2):
+            bits = base.view(torch.int32) + k
+            vals.append(bits.view(torch.float32))
+        row = torch.cat(vals)
+        row = torch.cat([row, -row])[:256]
+        rows.append(torch.nn.functional.pad(row, (0, 256 - row.numel()), value=amax / 7))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quotients_at_fp8_rounding_boundaries_are_exact(device):
+    x = _boundary_rows().to(device)
+    qr, sr = R.per_token_group_quant_ref(x.cpu(), 256)
+    q, s = T.per_token_group_quant(x, 256, scale_layout="row", backend="triton")
+    assert_bits_equal(q, qr, "triton values")
+    assert_bits_equal(s, sr, "triton scales")
+    q3, _ = T.per_token_group_quant(x[None].expand(2, -1, -1), 256, scale_layout="row", backend="triton")
+    assert_bits_equal(q3[1], qr, "tiled kernel values")
+    if device == "cuda" and T._cuda_ext_available():
+        qc, sc = T.per_token_group_quant(x, 256, scale_layout="row", backend="cuda")
+        assert_bits_equal(qc, qr, "cuda ext values")
+        assert_bits_equal(sc, sr, "cuda ext scales")
