@@ -39,18 +39,14 @@ def _rint(y):
 
 
 @triton.jit
-def _fp8_bits(v):
-    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-
-
-@triton.jit
 def _quotient(x, scale, qmax, POW2: tl.constexpr, INT8: tl.constexpr):
-    """clamp(x / scale, -qmax, qmax) as IEEE division gives it, then cast, without dividing per element.
+    """clamp(x / scale, -qmax, qmax) as IEEE division gives it, without dividing per element.
 
-    POW2: x * (1 / scale) is exact. FP8 output: y0 = x * RN(1 / scale) is within 3 fp32 ulps of
-    RN(x / scale); when the fp8 value is the same at y0 - 8 ulps and y0 + 8 ulps (clamped to
-    qmax), it is the fp8 value of RN(x / scale) (the cast is monotone), so only a tile with an
-    element next to an fp8 rounding boundary pays for IEEE division. INT8 keeps the division.
+    POW2: x * (1 / scale) is exact. FP8 output with FP32 scales: y0 = x * RN(1 / scale) is
+    within 3 fp32 ulps of RN(x / scale), and the (monotone) fp8 cast can only tell them apart
+    next to a rounding boundary: a midpoint between fp8 normals (the low 20 mantissa bits
+    0x80000) or the subnormal range [2^-11, 2^-6). A tile with an element within 8 ulps of
+    one divides; the others multiply. INT8 keeps the division.
     """
     if POW2:
         y = x * tl.math.div_rn(1.0, scale)
@@ -59,9 +55,9 @@ def _quotient(x, scale, qmax, POW2: tl.constexpr, INT8: tl.constexpr):
     else:
         y0 = x * tl.math.div_rn(1.0, scale)
         bits = tl.abs(y0).to(tl.int32, bitcast=True)
-        lo = _fp8_bits(tl.minimum(tl.maximum(bits - 8, 0).to(tl.float32, bitcast=True), qmax))
-        hi = _fp8_bits(tl.minimum((bits + 8).to(tl.float32, bitcast=True), qmax))
-        if tl.max(((lo != hi) & (x == x)).to(tl.int32)) > 0:
+        mid = tl.abs((bits & 0xFFFFF) - 0x80000) <= 8
+        sub = (bits >= 0x3A000000) & (bits < 0x3C800000)  # [2^-11, 2^-6): fp8 subnormal midpoints
+        if tl.max(((mid | sub) & (x == x)).to(tl.int32)) > 0:
             y = tl.math.div_rn(x, scale)
         else:
             y = y0
