@@ -39,28 +39,15 @@ def _rint(y):
 
 
 @triton.jit
-def _quotient(x, scale, qmax, POW2: tl.constexpr, INT8: tl.constexpr):
-    """clamp(x / scale, -qmax, qmax) as IEEE division gives it, without dividing per element.
-
-    POW2: x * (1 / scale) is exact. FP8 output with FP32 scales: y0 = x * RN(1 / scale) is
-    within 3 fp32 ulps of RN(x / scale), and the (monotone) fp8 cast can only tell them apart
-    next to a rounding boundary: a midpoint between fp8 normals (the low 20 mantissa bits
-    0x80000) or the subnormal range [2^-11, 2^-6). A tile with an element within 8 ulps of
-    one divides; the others multiply. INT8 keeps the division.
-    """
+def _quotient(x, scale, qmax, POW2: tl.constexpr):
+    """clamp(x / scale, -qmax, qmax) with IEEE division. A power-of-two scale multiplies by its
+    exact reciprocal instead (same result, no division). Measured on the H200: skipping the
+    division for FP32 scales behind a per-tile check of the fp8 rounding boundaries cost more
+    than the division (bench/quant.py, docs/perf.md)."""
     if POW2:
         y = x * tl.math.div_rn(1.0, scale)
-    elif INT8:
-        y = tl.math.div_rn(x, scale)
     else:
-        y0 = x * tl.math.div_rn(1.0, scale)
-        bits = tl.abs(y0).to(tl.int32, bitcast=True)
-        mid = tl.abs((bits & 0xFFFFF) - 0x80000) <= 8
-        sub = (bits >= 0x3A000000) & (bits < 0x3C800000)  # [2^-11, 2^-6): fp8 subnormal midpoints
-        if tl.max(((mid | sub) & (x == x)).to(tl.int32)) > 0:
-            y = tl.math.div_rn(x, scale)
-        else:
-            y = y0
+        y = tl.math.div_rn(x, scale)
     return tl.minimum(tl.maximum(y, -qmax), qmax)
 
 
@@ -90,7 +77,7 @@ def _per_token_group_quant_kernel(
         expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (expo << 23).to(tl.float32, bitcast=True)
 
-    y = _quotient(x, scale[:, :, None], qmax, POW2, INT8)
+    y = _quotient(x, scale[:, :, None], qmax, POW2)
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:
@@ -130,7 +117,7 @@ def _per_token_group_quant_seg_kernel(
         bits = scale.to(tl.int32, bitcast=True)
         expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (expo << 23).to(tl.float32, bitcast=True)
-    y = _quotient(x, scale[:, None], qmax, POW2, INT8)
+    y = _quotient(x, scale[:, None], qmax, POW2)
     if INT8:
         y = tl.where(x != x, 0.0, _rint(y))
     else:
