@@ -76,6 +76,42 @@ def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.c
 
 
 @triton.jit
+def _small_layout_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, mi_ptr, ends_ptr, masked_ptr, counters_ptr, n,
+                         cap, E, E_OFF, NG, MAX_M, ALIGN: tl.constexpr, MASKED: tl.constexpr, EB: tl.constexpr,
+                         BLOCK: tl.constexpr, MBLOCK: tl.constexpr):
+    """Small batches, one program, one launch: count (compare-and-sum, no atomics, nothing to
+    zero first), then the contiguous plan (starts, m_indices) or the masked one, and the cursor."""
+    e = tl.arange(0, EB)
+    emask = e < E
+    counts = tl.zeros((EB,), dtype=tl.int32)
+    invalid = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i0 in range(0, n, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        m = offs < n
+        loc, is_local, bad = _local(tl.load(ids_ptr + offs, mask=m, other=0), E_OFF, E, NG)
+        hit = (loc[:, None] == e[None, :]) & (is_local & m)[:, None]
+        counts += tl.sum(hit.to(tl.int32), axis=0)
+        invalid += (bad & m).to(tl.int32)
+    tl.atomic_add(counters_ptr, tl.sum(invalid, axis=0))
+    tl.store(counts_ptr + e, counts, mask=emask)
+    tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
+    if MASKED:
+        tl.store(starts_ptr + e, e * MAX_M, mask=emask)
+        tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
+        tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
+    else:
+        aligned = (counts + ALIGN - 1) // ALIGN * ALIGN
+        starts = tl.cumsum(aligned, axis=0) - aligned
+        tl.store(starts_ptr + e, starts, mask=emask)
+        st = tl.where(emask, starts, 2147483647)
+        for r0 in range(0, cap, MBLOCK):
+            rows = r0 + tl.arange(0, MBLOCK)
+            inside = (rows[:, None] >= st[None, :]) & (rows[:, None] < st[None, :] + counts[None, :])
+            owner = tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1
+            tl.store(mi_ptr + rows, owner, mask=rows < cap)
+
+
+@triton.jit
 def _masked_plan_kernel(counts_ptr, starts_ptr, ends_ptr, masked_ptr, cursor_ptr, E, MAX_M, EB: tl.constexpr):
     e = tl.arange(0, EB)
     emask = e < E
@@ -188,14 +224,39 @@ def _check_experts(num_experts, expert_offset, num_global_experts):
     return ng
 
 
+SMALL_ROUTES = 8192  # up to this many (token, k) pairs, one program counts and plans in one launch
+
+
+def _counters(counters, device):
+    if counters is None:
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    if not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.numel() != 2:
+        raise ValueError("counters must be an int32 tensor of 2 elements (invalid ids, overflow)")
+    return counters
+
+
+def _small_layout(topk_ids, num_experts, expert_offset, ng, counters, capacity, alignment, max_m):
+    """One launch for small batches (None when the batch is not small)."""
+    ids = topk_ids.to(torch.int32).contiguous().view(-1)
+    if ids.numel() > SMALL_ROUTES or num_experts > 256:
+        return None
+    dev = topk_ids.device
+    plan = torch.empty(6, num_experts, dtype=torch.int32, device=dev)
+    counts, starts, cursor, ends, masked_m, _ = plan.unbind(0)
+    masked = max_m is not None
+    m_indices = masked_m if masked else torch.empty(capacity, dtype=torch.int32, device=dev)
+    eb = triton.next_power_of_2(num_experts)
+    _small_layout_kernel[(1,)](ids, counts, starts, cursor, m_indices, ends, masked_m, counters, ids.numel(),
+                               0 if masked else capacity, num_experts, expert_offset, ng, max_m or 1,
+                               ALIGN=alignment, MASKED=masked, EB=eb, BLOCK=max(16, min(1024, 8192 // eb)),
+                               MBLOCK=max(16, min(256, 8192 // eb)))
+    return EpLayout(counts, starts, m_indices, counters, cursor, ends if masked else None)
+
+
 def _counts(topk_ids, num_experts, expert_offset, ng, counters):
     dev = topk_ids.device
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
-    if counters is None:
-        counters = torch.zeros(2, dtype=torch.int32, device=dev)
-    elif counters.dtype != torch.int32 or counters.numel() != 2:
-        raise ValueError("counters must be an int32 tensor of 2 elements (invalid ids, overflow)")
     if ids.numel():
         _count_kernel[(triton.cdiv(ids.numel(), 1024),)](ids, counts, counters, ids.numel(), num_experts,
                                                          expert_offset, ng, BLOCK=1024)
@@ -220,6 +281,10 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
     if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    counters = _counters(counters, topk_ids.device)
+    small = _small_layout(topk_ids, num_experts, expert_offset, ng, counters, capacity, alignment, None)
+    if small is not None:
+        return small
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
@@ -238,6 +303,10 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
     if max_m < 1:
         raise ValueError(f"max_m must be >= 1, got {max_m}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    counters = _counters(counters, topk_ids.device)
+    small = _small_layout(topk_ids, num_experts, expert_offset, ng, counters, 0, 1, max_m)
+    if small is not None:
+        return small
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     plan = torch.empty(4, num_experts, dtype=torch.int32, device=topk_ids.device)
     starts, ends, masked_m, cursor = plan.unbind(0)

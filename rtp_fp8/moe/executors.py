@@ -176,8 +176,9 @@ class _Executor:
         T.per_token_group_quant_into(act.to(torch.bfloat16).reshape(-1, self.i), q_out, s_out, self.group,
                                      self.layout)
 
-    def _account(self, counters):
-        self.counters += counters  # device-side accumulation: no host sync
+    def _account(self):
+        """The layout and scatter kernels add to self.counters on the device; report growth here
+        without a per-call sync (eager only)."""
         if _capturing(self.device):
             return
         if self.device.type != "cuda":
@@ -230,7 +231,7 @@ class ContiguousExecutor(_Executor):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
         lay = K.ep_layout(topk_ids, self.e, self.cap, self.alignment, expert_offset=self.expert_offset,
-                          num_global_experts=self.num_global)
+                          num_global_experts=self.num_global, counters=self.counters)
         _, starts, m_indices, counters = lay
         oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, cursor=lay.cursor,
                             expert_offset=self.expert_offset, deterministic=self.deterministic)
@@ -241,7 +242,7 @@ class ContiguousExecutor(_Executor):
         self._silu_mul_quant(self.gate_up, self.act_q, self.act_s)
         G.m_grouped_fp8_gemm_nt_contiguous(self.act_q, self.act_s, ex.w2, ex.w2_scales, m_indices, out=self.down,
                                            alignment=self.alignment)
-        self._account(counters)
+        self._account()
         return K.ep_gather(self.down, topk_weights, oidx)
 
 
@@ -271,7 +272,8 @@ class MaskedExecutor(_Executor):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
         e, m = self.e, self.max_m
-        lay = K.ep_masked_layout(topk_ids, e, m, expert_offset=self.expert_offset, num_global_experts=self.num_global)
+        lay = K.ep_masked_layout(topk_ids, e, m, expert_offset=self.expert_offset, num_global_experts=self.num_global,
+                                 counters=self.counters)
         _, starts, masked_m, counters = lay
         oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, ends=lay.ends, cursor=lay.cursor,
                             expert_offset=self.expert_offset, deterministic=self.deterministic)
@@ -283,7 +285,7 @@ class MaskedExecutor(_Executor):
         self._silu_mul_quant(self.gate_up, self.act_q, self.act_s)
         G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, self.i), _batched(self.act_s, e, m), ex.w2,
                                        ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
-        self._account(counters)
+        self._account()
         return K.ep_gather(self.down.view(e * m, self.h), topk_weights, oidx)
 
 

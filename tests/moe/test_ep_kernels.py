@@ -9,6 +9,14 @@ from rtp_fp8.moe import ep_kernels as K
 E, TOPK, T, H = 8, 4, 37, 256
 
 
+@pytest.fixture(params=["small", "large"])
+def layout_path(request, monkeypatch):
+    """Both layout paths: one launch for small batches, count + plan launches above SMALL_ROUTES."""
+    if request.param == "large":
+        monkeypatch.setattr(K, "SMALL_ROUTES", 0)
+    return request.param
+
+
 def _ids(device, seed, invalid=True):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, E, (T, TOPK), generator=g, dtype=torch.int32)
@@ -31,7 +39,7 @@ def _oracle_layout(ids, align, cap):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("align", [1, 64, 128])
-def test_layout_and_scatter_exact(device, align):
+def test_layout_and_scatter_exact(device, align, layout_path):
     ids = _ids(device, seed=align)
     cap = K.workspace_rows(T * TOPK, E, align)
     counts, starts, mi, counters = K.ep_layout(ids, E, cap, align)
@@ -65,7 +73,7 @@ def test_layout_and_scatter_exact(device, align):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_overflow_is_masked_and_counted(device):
+def test_overflow_is_masked_and_counted(device, layout_path):
     ids = _ids(device, seed=5, invalid=False)
     cap_full = K.workspace_rows(T * TOPK, E, 64)
     counts, starts, _, counters = K.ep_layout(ids, E, cap_full, 64)
@@ -127,7 +135,7 @@ def _in_token_order(ids, starts, e_off=0):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_deterministic_scatter_keeps_token_order(device):
+def test_deterministic_scatter_keeps_token_order(device, layout_path):
     # more pairs than one 128-pair block, so block prefixes matter
     g = torch.Generator().manual_seed(11)
     t, topk = 150, 4
@@ -148,7 +156,7 @@ def test_deterministic_scatter_keeps_token_order(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_masked_layout_with_ep_offset_and_overflow(device, deterministic):
+def test_masked_layout_with_ep_offset_and_overflow(device, deterministic, layout_path):
     """256 global experts over EP=4: this rank owns [64, 128); others' ids are skipped, not counted;
     ids outside [0, 256) are counted; an expert over max_m drops the excess, counted exactly."""
     g = torch.Generator().manual_seed(12)
