@@ -76,11 +76,11 @@ def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.c
 
 
 @triton.jit
-def _small_layout_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, mi_ptr, ends_ptr, masked_ptr, counters_ptr, n,
-                         cap, E, E_OFF, NG, MAX_M, ALIGN: tl.constexpr, MASKED: tl.constexpr, EB: tl.constexpr,
-                         BLOCK: tl.constexpr, MBLOCK: tl.constexpr):
-    """Small batches, one program, one launch: count (compare-and-sum, no atomics, nothing to
-    zero first), then the contiguous plan (starts, m_indices) or the masked one, and the cursor."""
+def _small_count_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, ends_ptr, masked_ptr, counters_ptr, n, E, E_OFF,
+                        NG, MAX_M, MASKED: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr):
+    """Small batches, one program: count by compare-and-sum (no atomics, nothing to zero
+    first); masked layout: also its whole plan. The contiguous plan (m_indices over the
+    capacity) stays a parallel launch (_plan_kernel)."""
     e = tl.arange(0, EB)
     emask = e < E
     counts = tl.zeros((EB,), dtype=tl.int32)
@@ -94,21 +94,11 @@ def _small_layout_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, mi_ptr, en
         invalid += (bad & m).to(tl.int32)
     tl.atomic_add(counters_ptr, tl.sum(invalid, axis=0))
     tl.store(counts_ptr + e, counts, mask=emask)
-    tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
     if MASKED:
         tl.store(starts_ptr + e, e * MAX_M, mask=emask)
         tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
         tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
-    else:
-        aligned = (counts + ALIGN - 1) // ALIGN * ALIGN
-        starts = tl.cumsum(aligned, axis=0) - aligned
-        tl.store(starts_ptr + e, starts, mask=emask)
-        st = tl.where(emask, starts, 2147483647)
-        for r0 in range(0, cap, MBLOCK):
-            rows = r0 + tl.arange(0, MBLOCK)
-            inside = (rows[:, None] >= st[None, :]) & (rows[:, None] < st[None, :] + counts[None, :])
-            owner = tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1
-            tl.store(mi_ptr + rows, owner, mask=rows < cap)
+        tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
 
 
 @triton.jit
@@ -236,21 +226,26 @@ def _counters(counters, device):
 
 
 def _small_layout(topk_ids, num_experts, expert_offset, ng, counters, capacity, alignment, max_m):
-    """One launch for small batches (None when the batch is not small)."""
+    """Small batches: the counts from one program (no memset); masked: the whole layout in that
+    launch. None when the batch is not small."""
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     if ids.numel() > SMALL_ROUTES or num_experts > 256:
         return None
     dev = topk_ids.device
-    plan = torch.empty(6, num_experts, dtype=torch.int32, device=dev)
-    counts, starts, cursor, ends, masked_m, _ = plan.unbind(0)
+    plan = torch.empty(5, num_experts, dtype=torch.int32, device=dev)
+    counts, starts, cursor, ends, masked_m = plan.unbind(0)
     masked = max_m is not None
-    m_indices = masked_m if masked else torch.empty(capacity, dtype=torch.int32, device=dev)
     eb = triton.next_power_of_2(num_experts)
-    _small_layout_kernel[(1,)](ids, counts, starts, cursor, m_indices, ends, masked_m, counters, ids.numel(),
-                               0 if masked else capacity, num_experts, expert_offset, ng, max_m or 1,
-                               ALIGN=alignment, MASKED=masked, EB=eb, BLOCK=max(16, min(1024, 8192 // eb)),
-                               MBLOCK=max(16, min(256, 8192 // eb)))
-    return EpLayout(counts, starts, m_indices, counters, cursor, ends if masked else None)
+    _small_count_kernel[(1,)](ids, counts, starts, cursor, ends, masked_m, counters, ids.numel(), num_experts,
+                              expert_offset, ng, max_m or 1, MASKED=masked, EB=eb,
+                              BLOCK=max(16, min(1024, 8192 // eb)))
+    if masked:
+        return EpLayout(counts, starts, masked_m, counters, cursor, ends)
+    m_indices = torch.empty(capacity, dtype=torch.int32, device=dev)
+    blk = 128
+    _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
+                                                        ALIGN=alignment, EB=eb, BLOCK=blk)
+    return EpLayout(counts, starts, m_indices, counters, cursor)
 
 
 def _counts(topk_ids, num_experts, expert_offset, ng, counters):
