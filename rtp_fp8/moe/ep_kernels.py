@@ -79,8 +79,7 @@ def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.c
 def _small_count_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, ends_ptr, masked_ptr, counters_ptr, n, E, E_OFF,
                         NG, MAX_M, MASKED: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr):
     """Small batches, one program: count by compare-and-sum (no atomics, nothing to zero
-    first); masked layout: also its whole plan. The contiguous plan (m_indices over the
-    capacity) stays a parallel launch (_plan_kernel)."""
+    first) and, for the masked layout, its whole plan."""
     e = tl.arange(0, EB)
     emask = e < E
     counts = tl.zeros((EB,), dtype=tl.int32)
@@ -214,7 +213,7 @@ def _check_experts(num_experts, expert_offset, num_global_experts):
     return ng
 
 
-SMALL_ROUTES = 8192  # up to this many (token, k) pairs, one program counts and plans in one launch
+SMALL_ROUTES = 8192  # up to this many (token, k) pairs, the masked layout is one launch
 
 
 def _counters(counters, device):
@@ -225,27 +224,19 @@ def _counters(counters, device):
     return counters
 
 
-def _small_layout(topk_ids, num_experts, expert_offset, ng, counters, capacity, alignment, max_m):
-    """Small batches: the counts from one program (no memset); masked: the whole layout in that
-    launch. None when the batch is not small."""
+def _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max_m):
+    """Small batches (decode): the whole masked layout in one launch; None when not small.
+    (The contiguous layout keeps memset + atomic count + parallel plan: a one-program count
+    measured no faster there on the H200, 14.3 vs 13.1 us for layout + scatter at T=256.)"""
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     if ids.numel() > SMALL_ROUTES or num_experts > 256:
         return None
-    dev = topk_ids.device
-    plan = torch.empty(5, num_experts, dtype=torch.int32, device=dev)
+    plan = torch.empty(5, num_experts, dtype=torch.int32, device=topk_ids.device)
     counts, starts, cursor, ends, masked_m = plan.unbind(0)
-    masked = max_m is not None
     eb = triton.next_power_of_2(num_experts)
     _small_count_kernel[(1,)](ids, counts, starts, cursor, ends, masked_m, counters, ids.numel(), num_experts,
-                              expert_offset, ng, max_m or 1, MASKED=masked, EB=eb,
-                              BLOCK=max(16, min(1024, 8192 // eb)))
-    if masked:
-        return EpLayout(counts, starts, masked_m, counters, cursor, ends)
-    m_indices = torch.empty(capacity, dtype=torch.int32, device=dev)
-    blk = 128
-    _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
-                                                        ALIGN=alignment, EB=eb, BLOCK=blk)
-    return EpLayout(counts, starts, m_indices, counters, cursor)
+                              expert_offset, ng, max_m, MASKED=True, EB=eb, BLOCK=max(16, min(1024, 8192 // eb)))
+    return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
 def _counts(topk_ids, num_experts, expert_offset, ng, counters):
@@ -277,9 +268,6 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
         raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counters = _counters(counters, topk_ids.device)
-    small = _small_layout(topk_ids, num_experts, expert_offset, ng, counters, capacity, alignment, None)
-    if small is not None:
-        return small
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
@@ -299,7 +287,7 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
         raise ValueError(f"max_m must be >= 1, got {max_m}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counters = _counters(counters, topk_ids.device)
-    small = _small_layout(topk_ids, num_experts, expert_offset, ng, counters, 0, 1, max_m)
+    small = _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max_m)
     if small is not None:
         return small
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)

@@ -11,7 +11,7 @@ E, TOPK, T, H = 8, 4, 37, 256
 
 @pytest.fixture(params=["small", "large"])
 def layout_path(request, monkeypatch):
-    """Both layout paths: one launch for small batches, count + plan launches above SMALL_ROUTES."""
+    """Both masked-layout paths: one launch for small batches, count + plan launches above SMALL_ROUTES."""
     if request.param == "large":
         monkeypatch.setattr(K, "SMALL_ROUTES", 0)
     return request.param
@@ -39,7 +39,7 @@ def _oracle_layout(ids, align, cap):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("align", [1, 64, 128])
-def test_layout_and_scatter_exact(device, align, layout_path):
+def test_layout_and_scatter_exact(device, align):
     ids = _ids(device, seed=align)
     cap = K.workspace_rows(T * TOPK, E, align)
     counts, starts, mi, counters = K.ep_layout(ids, E, cap, align)
@@ -73,7 +73,7 @@ def test_layout_and_scatter_exact(device, align, layout_path):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_overflow_is_masked_and_counted(device, layout_path):
+def test_overflow_is_masked_and_counted(device):
     ids = _ids(device, seed=5, invalid=False)
     cap_full = K.workspace_rows(T * TOPK, E, 64)
     counts, starts, _, counters = K.ep_layout(ids, E, cap_full, 64)
@@ -135,7 +135,7 @@ def _in_token_order(ids, starts, e_off=0):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_deterministic_scatter_keeps_token_order(device, layout_path):
+def test_deterministic_scatter_keeps_token_order(device):
     # more pairs than one 128-pair block, so block prefixes matter
     g = torch.Generator().manual_seed(11)
     t, topk = 150, 4
