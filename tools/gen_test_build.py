@@ -48,6 +48,8 @@ def render() -> str:
             lines.append("    markers = [" + ", ".join(f'"{m}"' for m in markers) + "],")
         if rel.parts[0] == "smoke":
             lines.append('    deps = ["//smoke:model"],')
+        elif "from bench" in path.read_text(encoding="utf-8"):
+            lines.append('    deps = ["//bench"],')
         if rel.parts[0] == "tools":
             lines.append('    data = ["//deps:lock_inputs"],')
             lines.append('    deps = ["//tools:locktool"],')

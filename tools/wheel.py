@@ -82,9 +82,10 @@ def requires(tc: tcmod.LockSet, root: pathlib.Path) -> list[str]:
 
 def _files(root: pathlib.Path, with_ext: bool) -> list[tuple[str, bytes, int]]:
     files = []
-    for path in sorted((root / "rtp_fp8").rglob("*.py")):
+    paths = list((root / "rtp_fp8").rglob("*.py")) + list((root / "rtp_fp8").rglob("*.json"))
+    for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
-        if "__pycache__" in rel:
+        if "__pycache__" in rel or rel == "rtp_fp8/_build_info.json":  # package data; build info is generated
             continue
         files.append((rel, path.read_bytes(), 0o644))
     if with_ext:

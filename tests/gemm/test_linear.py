@@ -94,3 +94,36 @@ def test_linear_bad_input(dg_absent):
     assert lin.backend == "reference"
     with pytest.raises(ValueError, match=r"x must be \[..., K=512\]"):
         lin(torch.randn(3, 256))
+
+
+def test_launch_config_table_and_autotune_writer(tmp_path, monkeypatch):
+    """configs.json drives the GPU launch configs; the autotuner picks by geomean and rewrites it."""
+    from bench import autotune_gemm as AT
+    from rtp_fp8.gemm.triton import block_scaled as G
+
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)  # the GPU branch of _config
+    assert G._config(16, 256, 512) == (64, 128, 128, 4, 4, 8)
+    assert G._config(4096, 256, 512) == (128, 128, 128, 8, 3, 8)
+
+    def fake_ms(cfg, shape):  # BLOCK_N 256 with 8 warps is "fastest"; BLOCK_M 128 + 4 stages "fails"
+        if cfg["BLOCK_M"] == 128 and cfg["num_stages"] == 4:
+            raise RuntimeError("out of resources: shared memory")
+        return 1.0 / (1 + (cfg["BLOCK_N"] == 256) + (cfg["num_warps"] == 8))
+
+    buckets = AT.pick(fake_ms, AT.BUCKETS)
+    assert [b["config"]["BLOCK_N"] for b in buckets] == [256, 256]
+    assert all(b["config"]["num_warps"] == 8 for b in buckets)
+    table = tmp_path / "configs.json"
+    table.write_text(G.CONFIG_TABLE.read_text())
+    monkeypatch.setattr(G, "CONFIG_TABLE", table)
+    G.config_table.cache_clear()
+    try:
+        AT.write(buckets, "fake GPU", path=table)
+        text = table.read_text()
+        AT.write(buckets, "fake GPU", path=table)
+        assert table.read_text() == text  # stable output
+        assert G._config(4096, 256, 512)[1] == 256
+        with G.config_override({**buckets[0]["config"], "BLOCK_M": 32}):
+            assert G._config(4096, 256, 512)[0] == 32
+    finally:
+        G.config_table.cache_clear()
