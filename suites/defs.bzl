@@ -19,6 +19,10 @@ TEST_PYPI = [
     "triton",
 ]
 
+def _tag(marker):
+    # pytest marker names cannot hold '-': requires_network is Bazel's requires-network
+    return "requires-network" if marker == "requires_network" else marker
+
 def gpu_tags(markers):
     """Bazel tags for a test file.
 
@@ -29,6 +33,7 @@ def gpu_tags(markers):
       The sorted marker tags, plus all arch tags for an arch-less gpu test and the
       local-execution tags of GPU tests.
     """
+    markers = [_tag(m) for m in markers]
     tags = sorted(markers)
     if "gpu" in markers or [m for m in markers if m.startswith("gpu_sm")]:
         archs = [m for m in markers if m.startswith("gpu_sm")]

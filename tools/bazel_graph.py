@@ -306,7 +306,7 @@ def evaluate(root: pathlib.Path) -> Graph:
 
 def expected_tags(markers: list[str]) -> list[str]:
     """The rule of suites/defs.bzl gpu_tags(), restated independently."""
-    ms = set(markers)
+    ms = {"requires-network" if m == "requires_network" else m for m in markers}
     archs = {m for m in ms if m.startswith("gpu_sm")}
     if not ("gpu" in ms or archs):
         return sorted(ms)

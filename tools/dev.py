@@ -33,19 +33,20 @@ def _say(msg: str) -> None:
     print(f"dev: {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_venv() -> pathlib.Path:
+def ensure_venv(venv: pathlib.Path = VENV, toolchain: str = DEV_TOOLCHAIN) -> pathlib.Path:
+    """A virtualenv at `venv` holding exactly the toolchain's lock (reused while the lock is unchanged)."""
     cfg = tcmod.load(ROOT)
-    ls = cfg.toolchains[DEV_TOOLCHAIN]
+    ls = cfg.toolchains[toolchain]
     lock = ROOT / ls.lock
     want = hashlib.sha256(lock.read_bytes()).hexdigest()
-    stamp = VENV / ".lock-sha256"
-    py = VENV / "bin" / "python"
+    stamp = venv / ".lock-sha256"
+    py = venv / "bin" / "python"
     if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return py
     t0 = time.time()
-    _say(f"installing .venv from {ls.lock} (toolchain {ls.name}, python {ls.python})")
+    _say(f"installing {venv.name} from {ls.lock} (toolchain {ls.name}, python {ls.python})")
     if not py.exists():
-        subprocess.run([locktool._python_for(ls.python), "-m", "venv", str(VENV)], check=True)
+        subprocess.run([locktool._python_for(ls.python), "-m", "venv", str(venv)], check=True)
     cmd = [str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", str(lock)]
     # An unreachable extra index (PyTorch's CPU index behind a closed network, with a
     # local wheel folder in pip's config instead) would cost pip's retries per project.

@@ -14,7 +14,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MARKER_RE = re.compile(r"pytest\.mark\.(gpu(?:_sm\d+)?)\b")
+MARKER_RE = re.compile(r"pytest\.mark\.(gpu(?:_sm\d+)?|requires_network)\b")
 
 
 def file_markers(path: pathlib.Path) -> list[str]:
@@ -43,16 +43,18 @@ def render() -> str:
         name = target_name(rel)
         names.append(name)
         markers = file_markers(path)
-        lines = ["rtp_py_test(", f'    name = "{name}",', f'    src = "{rel}",']
-        if markers:
-            lines.append("    markers = [" + ", ".join(f'"{m}"' for m in markers) + "],")
-        if rel.parts[0] == "smoke":
-            lines.append('    deps = ["//smoke:model"],')
-        elif "from bench" in path.read_text(encoding="utf-8"):
-            lines.append('    deps = ["//bench"],')
+        attrs = {}  # attribute -> rendered value, in buildifier's order (name, src, sorted, deps last)
         if rel.parts[0] == "tools":
-            lines.append('    data = ["//deps:lock_inputs"],')
-            lines.append('    deps = ["//tools:locktool"],')
+            attrs["data"] = '["//deps:lock_inputs"]'
+            attrs["deps"] = '["//tools:locktool"]'
+        if markers:
+            attrs["markers"] = "[" + ", ".join(f'"{m}"' for m in markers) + "]"
+        if rel.parts[0] == "smoke":
+            attrs["deps"] = '["//smoke:model"]'
+        elif "from bench" in path.read_text(encoding="utf-8"):
+            attrs["deps"] = '["//bench"]'
+        lines = ["rtp_py_test(", f'    name = "{name}",', f'    src = "{rel}",']
+        lines += [f"    {k} = {v}," for k, v in sorted(attrs.items(), key=lambda kv: (kv[0] == "deps", kv[0]))]
         lines.append(")")
         out += lines + [""]
     out += ["test_suite(", '    name = "all_tests",', "    tests = ["]

@@ -42,6 +42,7 @@ def test_gpu_test_tags():
     assert t.attrs["tags"] == ["gpu", "gpu_sm100", "gpu_sm120", "gpu_sm90", "exclusive-if-local", "resources:gpu:1"]
     assert t.attrs["exec_properties"] == {"test.Pool": "gpu"}
     assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "exclusive-if-local", "resources:gpu:1"]
+    assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == ["requires-network"]  # a pip-installing test
 
 
 @pytest.fixture
