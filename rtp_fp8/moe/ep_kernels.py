@@ -76,10 +76,19 @@ def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.c
 
 
 @triton.jit
-def _small_count_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, ends_ptr, masked_ptr, counters_ptr, n, E, E_OFF,
-                        NG, MAX_M, MASKED: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr):
+def _store_masked_plan(counts, e, emask, starts_ptr, ends_ptr, masked_ptr, cursor_ptr, MAX_M):
+    """Masked layout: expert e owns rows [e * MAX_M, (e + 1) * MAX_M); masked_m = min(count, MAX_M)."""
+    tl.store(starts_ptr + e, e * MAX_M, mask=emask)
+    tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
+    tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
+    tl.store(cursor_ptr + e, tl.zeros_like(counts), mask=emask)
+
+
+@triton.jit
+def _small_masked_layout_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, ends_ptr, masked_ptr, counters_ptr, n,
+                                E, E_OFF, NG, MAX_M, EB: tl.constexpr, BLOCK: tl.constexpr):
     """Small batches, one program: count by compare-and-sum (no atomics, nothing to zero
-    first) and, for the masked layout, its whole plan."""
+    first), then the whole masked plan."""
     e = tl.arange(0, EB)
     emask = e < E
     counts = tl.zeros((EB,), dtype=tl.int32)
@@ -93,11 +102,7 @@ def _small_count_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, ends_ptr, m
         invalid += (bad & m).to(tl.int32)
     tl.atomic_add(counters_ptr, tl.sum(invalid, axis=0))
     tl.store(counts_ptr + e, counts, mask=emask)
-    if MASKED:
-        tl.store(starts_ptr + e, e * MAX_M, mask=emask)
-        tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
-        tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
-        tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
+    _store_masked_plan(counts, e, emask, starts_ptr, ends_ptr, masked_ptr, cursor_ptr, MAX_M)
 
 
 @triton.jit
@@ -105,10 +110,7 @@ def _masked_plan_kernel(counts_ptr, starts_ptr, ends_ptr, masked_ptr, cursor_ptr
     e = tl.arange(0, EB)
     emask = e < E
     counts = tl.load(counts_ptr + e, mask=emask, other=0)
-    tl.store(starts_ptr + e, e * MAX_M, mask=emask)
-    tl.store(ends_ptr + e, e * MAX_M + MAX_M, mask=emask)
-    tl.store(masked_ptr + e, tl.minimum(counts, MAX_M), mask=emask)
-    tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
+    _store_masked_plan(counts, e, emask, starts_ptr, ends_ptr, masked_ptr, cursor_ptr, MAX_M)
 
 
 @triton.jit
@@ -228,14 +230,15 @@ def _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max
     """Small batches (decode): the whole masked layout in one launch; None when not small.
     (The contiguous layout keeps memset + atomic count + parallel plan: a one-program count
     measured no faster there on the H200, 14.3 vs 13.1 us for layout + scatter at T=256.)"""
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)
-    if ids.numel() > SMALL_ROUTES or num_experts > 256:
+    if topk_ids.numel() > SMALL_ROUTES or num_experts > 256:
         return None
+    ids = topk_ids.to(torch.int32).contiguous().view(-1)
     plan = torch.empty(5, num_experts, dtype=torch.int32, device=topk_ids.device)
     counts, starts, cursor, ends, masked_m = plan.unbind(0)
     eb = triton.next_power_of_2(num_experts)
-    _small_count_kernel[(1,)](ids, counts, starts, cursor, ends, masked_m, counters, ids.numel(), num_experts,
-                              expert_offset, ng, max_m, MASKED=True, EB=eb, BLOCK=max(16, min(1024, 8192 // eb)))
+    _small_masked_layout_kernel[(1,)](ids, counts, starts, cursor, ends, masked_m, counters, ids.numel(),
+                                      num_experts, expert_offset, ng, max_m, EB=eb,
+                                      BLOCK=max(16, min(1024, 8192 // eb)))
     return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
