@@ -21,6 +21,7 @@ import logging
 import os
 
 from rtp_fp8 import arch as A
+from rtp_fp8._logging import log_once
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm import reference as R
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -32,9 +33,7 @@ _logged: set[str] = set()
 
 
 def _log_once(msg: str) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
-        log.info("rtp_fp8.gemm: %s", msg)
+    log_once(log, _logged, msg, "rtp_fp8.gemm: %s", msg)
 
 
 @dataclasses.dataclass(frozen=True)

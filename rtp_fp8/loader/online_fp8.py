@@ -23,6 +23,7 @@ import pathlib
 import torch
 
 from rtp_fp8 import arch as A
+from rtp_fp8._logging import log_once
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import tp as TP
 
@@ -31,9 +32,7 @@ _logged: set[str] = set()
 
 
 def _log_once(key: str, msg: str, *args) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.info(msg, *args)
+    log_once(log, _logged, key, msg, *args)
 
 
 @dataclasses.dataclass
