@@ -38,6 +38,7 @@ import os
 import torch
 
 from rtp_fp8 import arch as A
+from rtp_fp8._logging import log_once
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.moe import ep_kernels as K
 from rtp_fp8.quant import activation_scale_layout, quantize_weight
@@ -51,9 +52,7 @@ _logged: set[str] = set()
 
 
 def _log_once(msg: str, level: int = logging.INFO) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
-        log.log(level, "rtp_fp8.moe: %s", msg)
+    log_once(log, _logged, msg, "rtp_fp8.moe: %s", msg, level=level)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -184,14 +183,17 @@ class _Executor:
         if self.device.type != "cuda":
             self._report(counters_now=self.counters.tolist())
             return
-        if self._host is not None and self._host[1].query():
-            self._report(self._host[0].tolist())
-        if self._host is None or self._host[1].query():
-            buf = self._host[0] if self._host is not None else torch.empty(2, dtype=torch.int32, pin_memory=True)
-            buf.copy_(self.counters, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            self._host = (buf, ev)
+        if self._host is None:
+            buf = torch.empty(2, dtype=torch.int32, pin_memory=True)
+        else:
+            buf, ev = self._host
+            if not ev.query():  # the previous call's copy is still in flight: leave it
+                return
+            self._report(buf.tolist())
+        buf.copy_(self.counters, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._host = (buf, ev)
 
     def _report(self, counters_now):
         if counters_now != self._reported:
