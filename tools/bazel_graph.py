@@ -387,8 +387,7 @@ def check(root: pathlib.Path) -> list[str]:
             problems.append(f".bazelrc: config {name} does not set --//deps:toolchain={name}")
         m = re.search(rf"^common:{name} --@rules_cuda//cuda:archs=(\S+)$", rc, re.M)
         got = m.group(1).split(";") if m else []
-        want = list(tc.nvcc_archs) + ([f"compute_{max(int(re.sub(r'[^0-9]', '', a)) for a in tc.nvcc_archs)}"]
-                                      if tc.nvcc_archs else [])
+        want = list(tc.nvcc_archs) + ([tcmod.ptx_arch(tc.nvcc_archs)] if tc.nvcc_archs else [])
         if got != want:
             problems.append(f".bazelrc: config {name} archs {got} != toolchains.{name}.nvcc_archs plus PTX "
                             f"for the newest {want}")

@@ -72,8 +72,8 @@ def gencode_flags(archs: list[str]) -> list[str]:
     for a in archs:
         n = a.removeprefix("sm_")
         flags.append(f"-gencode=arch=compute_{n},code=sm_{n}")
-    newest = max(int(re.sub(r"\D", "", a)) for a in archs)
-    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # plain PTX: forward compatible
+    ptx = tcmod.ptx_arch(archs)
+    flags.append(f"-gencode=arch={ptx},code={ptx}")  # plain PTX: forward compatible
     return flags
 
 

@@ -86,6 +86,11 @@ def _check_python(value: str, where: str) -> str:
     return value
 
 
+def ptx_arch(archs) -> str:
+    """The plain PTX target builds add for forward compatibility: compute_<newest of archs>."""
+    return f"compute_{max(int(re.sub(r'[^0-9]', '', a)) for a in archs)}"
+
+
 def load(root: pathlib.Path | str | None = None) -> Config:
     root = pathlib.Path(root) if root else REPO_ROOT
     path = root / TOOLCHAINS_TOML
