@@ -22,7 +22,7 @@ import sys
 
 import starlark as sl
 
-from tools import gen_test_build
+from tools import gen_test_build, wheel
 from tools import toolchains as tcmod
 
 COMMON = {
@@ -418,8 +418,11 @@ def check(root: pathlib.Path) -> list[str]:
                     problems.append(f"{lib.label}: copts {bad} (rules_cuda rejects these)")
 
     # 6. the wheel's version is the package's (one place: rtp_fp8/__init__.py)
-    m = re.search(r'^__version__ = "([^"]+)"$', (root / "rtp_fp8/__init__.py").read_text(), re.M)
-    ver = m.group(1) if m else None
+    try:
+        ver = wheel.version(root)
+    except wheel.WheelError as exc:
+        ver = None
+        problems.append(str(exc))
     whl = g.targets.get("//:wheel")
     if whl is None or whl.kind != "py_wheel":
         problems.append("//:wheel missing (py_wheel)")

@@ -103,6 +103,13 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _toolchain(name: str, root: pathlib.Path) -> tcmod.LockSet:
+    cfg = tcmod.load(root)
+    if name not in cfg.toolchains:
+        raise WheelError(f"unknown toolchain {name!r}: deps/toolchains.toml defines {', '.join(cfg.toolchains)}")
+    return cfg.toolchains[name]
+
+
 def build_info(tc: tcmod.LockSet, ver: str, revision: str, epoch: int) -> bytes:
     """rtp_fp8/_build_info.json (what `rtp_fp8.build_info()` reports once installed)."""
     with_ext = bool(tc.cuda)
@@ -123,10 +130,7 @@ def _status(path: pathlib.Path) -> dict[str, str]:
 
 def emit(what: str, toolchain: str, output: pathlib.Path, root: pathlib.Path, status: pathlib.Path | None) -> None:
     """One wheel input for the Bazel wheel (//:wheel): the build info or the Requires-Dist lines."""
-    cfg = tcmod.load(root)
-    if toolchain not in cfg.toolchains:
-        raise WheelError(f"unknown toolchain {toolchain!r}: deps/toolchains.toml defines {', '.join(cfg.toolchains)}")
-    tc = cfg.toolchains[toolchain]
+    tc = _toolchain(toolchain, root)
     if what == "requires":
         data = "".join(r + "\n" for r in requires(tc, root)).encode()
     else:
@@ -137,10 +141,7 @@ def emit(what: str, toolchain: str, output: pathlib.Path, root: pathlib.Path, st
 
 
 def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> pathlib.Path:
-    cfg = tcmod.load(root)
-    if toolchain not in cfg.toolchains:
-        raise WheelError(f"unknown toolchain {toolchain!r}: deps/toolchains.toml defines {', '.join(cfg.toolchains)}")
-    tc = cfg.toolchains[toolchain]
+    tc = _toolchain(toolchain, root)
     with_ext = bool(tc.cuda)
     ver = version(root)
     py = "cp" + tc.python.replace(".", "")
