@@ -45,6 +45,12 @@ def routing(t, seed=0):
     return ids.to(torch.int32), torch.softmax(w, -1)
 
 
+def layout_scatter(x, xs, ids, out, out_s, counters):
+    """What "scatter" times: the contiguous layout for `out`'s rows, then the copy."""
+    lay = K.ep_layout(ids, E_LOCAL, out.shape[0], ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+    return K.ep_scatter(x, xs, ids, lay[1], out, out_s, counters, cursor=lay.cursor)
+
+
 def bench_scatter_gather(t, layout):
     ids, w = routing(t)
     x, xs = T.per_token_group_quant(torch.randn(t, H, device="cuda", dtype=torch.bfloat16), 128, scale_layout=layout)
@@ -54,8 +60,7 @@ def bench_scatter_gather(t, layout):
     counters = torch.zeros(2, dtype=torch.int32, device="cuda")
 
     def scatter():
-        lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
-        return K.ep_scatter(x, xs, ids, lay[1], out, out_s, counters, cursor=lay.cursor)
+        return layout_scatter(x, xs, ids, out, out_s, counters)
 
     oidx = scatter()
     local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
@@ -71,9 +76,6 @@ def bench_scatter_gather(t, layout):
             "gather_us": g_ms * 1e3, "gather_gbs": g_bytes / (g_ms * 1e-3) / 1e9}
 
 
-def _layout_scatter(q, s, ids, ex, counters):
-    lay = K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
-    return K.ep_scatter(q, s, ids, lay[1], ex.a, ex.a_scales, counters, cursor=lay.cursor)
 
 
 def bench_executor(t=4096, inter=2048):
@@ -94,7 +96,7 @@ def bench_executor(t=4096, inter=2048):
     oidx = K.ep_scatter(q, s, ids, starts, ex.a, ex.a_scales, c)
     parts = {
         "quant": graph_ms(lambda: T.per_token_group_quant(x, 128, scale_layout=layout)),
-        "layout+scatter": graph_ms(lambda: _layout_scatter(q, s, ids, ex, c)),
+        "layout+scatter": graph_ms(lambda: layout_scatter(q, s, ids, ex.a, ex.a_scales, c)),
         "gemm gate_up": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
             ex.a, ex.a_scales, experts.w13, experts.w13_scales, mi, out=ex.gate_up, alignment=ALIGN)),
         "silu*mul+quant": graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s)),
