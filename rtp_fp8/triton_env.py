@@ -9,7 +9,14 @@ be garbage, so `install_interpreter_cast_fix()` replaces that function, at the m
 where the interpreter's builder looks it up, with a round-to-nearest-even conversion
 checked against torch's own casts (tests/test_triton_interp_cast.py: every bf16 bit
 pattern and a dense fp32 sweep). Overflow follows torch: float8_e4m3fn saturates to +-448
-(inf too), float8_e5m2 overflows to inf; NaN stays NaN.
+(inf too), float8_e5m2 overflows to inf; NaN stays NaN (float8_e4m3fn: always the
+positive code 0x7F, as the GPU's satfinite cast gives it).
+
+Two more interpreter semantics are made the GPU's: `tl.fma` rounds once (numpy computed
+x * y + z with two roundings, which breaks the quantizers' exact division), and
+maxnum/minnum (`tl.maximum`/`tl.minimum`) return the non-NaN operand as LLVM's maxnum does
+(numpy's maximum returns NaN). tests/quant/test_fast_division.py checks the fma against
+exact rational arithmetic.
 
 The fix is a no-op outside interpreter mode. `RTP_FP8_TRITON_CAST_FIX=0` leaves the
 upstream conversion in place, only to demonstrate the upstream defect.
@@ -89,9 +96,11 @@ def _fp8_encode(x: np.ndarray, name: str) -> np.ndarray:
     out = np.where(exact | pick_hi, codes[hi], codes[lo]).astype(np.uint8)
     out[af == 0] = 0
     out[np.isinf(a)] = codes[-1]  # inf (e5m2) or the saturated max (e4m3fn)
-    out[np.isnan(x)] = nan_code
     sign = np.signbit(x).astype(np.uint8) << 7
-    return out | sign
+    out |= sign
+    # The GPU's cvt.rn.satfinite.e4m3x2 gives every NaN the positive code 0x7F (measured on the H200).
+    out[np.isnan(x)] = nan_code
+    return out
 
 
 def _bf16_encode(x: np.ndarray) -> np.ndarray:
@@ -131,8 +140,41 @@ def _make_convert(original):
     return convert
 
 
+def fma_f32(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """x * y + z rounded once to float32 (the GPU's fma.rn.f32), for float32 arrays.
+
+    The product is exact in float64; the float64 sum is made round-to-odd (nudged off an
+    even last bit when it was inexact), and round-to-odd at 53 bits followed by one
+    rounding to 24 bits equals a single rounding of the exact value.
+    """
+    p = x.astype(np.float64) * y.astype(np.float64)
+    c = z.astype(np.float64)
+    s = p + c
+    bp = s - c
+    err = (p - bp) + (c - (s - bp))  # TwoSum: s + err == p + c exactly
+    bits = s.view(np.int64)
+    nudge = (err != 0) & np.isfinite(s) & ((bits & 1) == 0)
+    s = np.where(nudge, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _patch_builder(interpreter) -> None:
+    """IEEE semantics for the interpreter's fma (one rounding, not two) and maxnum/minnum
+    (the non-NaN operand wins, as on the GPU and in LLVM, not NaN as np.maximum gives)."""
+    builder = interpreter.InterpreterBuilder
+
+    def create_fma(self, x, y, z):
+        if x.data.dtype == np.float32:
+            return interpreter.TensorHandle(fma_f32(x.data, y.data, z.data), z.dtype.scalar)
+        return interpreter.TensorHandle(x.data * y.data + z.data, z.dtype.scalar)
+
+    builder.create_fma = create_fma
+    builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
+
+
 def install_interpreter_cast_fix() -> bool:
-    """Replace the interpreter's float conversion (no-op unless interpreting)."""
+    """Replace the interpreter's float conversion, fma and maxnum/minnum (no-op unless interpreting)."""
     if not interpreting() or os.environ.get("RTP_FP8_TRITON_CAST_FIX", "1") == "0":
         return False
     from triton.runtime import interpreter
@@ -140,6 +182,7 @@ def install_interpreter_cast_fix() -> bool:
     if getattr(interpreter._convert_float, "__rtp_fp8_fixed__", False):
         return True
     interpreter._convert_float = _make_convert(interpreter._convert_float)
+    _patch_builder(interpreter)
     return True
 
 

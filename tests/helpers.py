@@ -16,7 +16,7 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     if t.dtype.is_floating_point and t.element_size() > 1:
         t.fill_(float("nan"))
     else:
-        t.view(torch.uint8).fill_(0x7B) if t.is_contiguous() else t.fill_(0x7B)
+        t.view(torch.uint8).fill_(0x7B) if t.is_contiguous() and t.stride(-1) == 1 else t.fill_(0x7B)
     return t
 
 

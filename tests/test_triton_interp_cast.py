@@ -118,3 +118,23 @@ def test_upstream_interpreter_cast_still_wrong():
     x = np.array([127.56], dtype=np.float32)
     y = original(x, tl.float32, tl.float8e4nv, ir.ROUNDING_MODE.RTNE).view(np.uint8)
     assert torch.from_numpy(y.copy()).view(torch.float8_e4m3fn).float().item() == 64.0
+
+
+@triton.jit
+def _maxmin_kernel(x_ptr, y_ptr, mx_ptr, mn_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    tl.store(mx_ptr + offs, tl.maximum(x, y))
+    tl.store(mn_ptr + offs, tl.minimum(x, y))
+
+
+def test_maximum_minimum_ignore_nan_like_the_gpu():
+    """tl.maximum / tl.minimum are maxnum / minnum: the non-NaN operand wins (torch.fmax / fmin)."""
+    nan = float("nan")
+    x = torch.tensor([nan, 1.0, nan, -2.0, 3.0, -0.0, float("inf"), nan], device=_device())
+    y = torch.tensor([1.0, nan, nan, 5.0, -3.0, 0.0, 2.0, -float("inf")], device=_device())
+    mx, mn = torch.empty_like(x), torch.empty_like(x)
+    _maxmin_kernel[(1,)](x, y, mx, mn, BLOCK=8)
+    torch.testing.assert_close(mx.cpu(), torch.fmax(x, y).cpu(), equal_nan=True)
+    torch.testing.assert_close(mn.cpu(), torch.fmin(x, y).cpu(), equal_nan=True)
