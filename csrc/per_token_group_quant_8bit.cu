@@ -45,19 +45,43 @@ __device__ __forceinline__ float to_float<__half>(__half v) { return __half2floa
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// q = cast(clamp(x / scale, -qmax, qmax)) with IEEE division; a power-of-two scale multiplies
-// by its exact reciprocal instead (same result). Skipping the division for FP32 scales behind
-// a check for fp8 rounding boundaries measured slower on the H200 than the division itself.
-template <bool kInt8, bool kPow2>
-__device__ __forceinline__ uint8_t quantize(float x, float scale, float inv, float qmax) {
-  if (isnan(x)) {  // the canonical fp8 e4m3fn NaN 0x7F, whatever the input NaN's sign; int8 0
-    return kInt8 ? 0 : 0x7F;
+// x / scale as IEEE division gives it, without a divide: q0 = x * inv, e = fma(q0, scale, -x)
+// (exact: the negated remainder), q0 - e * inv rounded once, with inv = 1 / scale rounded once
+// per group. Equal to __fdiv_rn unless x, the remainder or the quotient is subnormal (then
+// |x / scale| < 2^-100 and both are fp8/int8 zeros of x's sign) or something overflows: groups
+// holding +-Inf or a scale below 2^-60 divide instead. The Triton op uses the same formula;
+// tests/quant/test_fast_division.py checks it against div.rn for every bf16 and fp16 pair.
+__device__ __forceinline__ float div_fast(float x, float scale, float inv) {
+  const float q0 = __fmul_rn(x, inv);
+  return __fmaf_rn(-__fmaf_rn(q0, scale, -x), inv, q0);
+}
+
+template <bool kPow2>
+__device__ __forceinline__ float quotient(float x, float scale, float inv, bool divide) {
+  if (kPow2) return __fmul_rn(x, inv);  // exact reciprocal: the same rounding as the division
+  return divide ? __fdiv_rn(x, scale) : div_fast(x, scale, inv);
+}
+
+// Four quotients -> one word of four fp8 e4m3fn bytes (low byte first). The conversion saturates
+// (+-Inf and |y| > 448 -> +-448); NaN becomes the canonical 0x7F whatever its sign.
+__device__ __forceinline__ uint32_t pack_fp8x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t w = lo | (hi << 16);
+  const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;  // bytes 0x7F / 0xFF
+  return w & ~nan;
+}
+
+// int8: clamp to +-127, round half to even, NaN -> 0.
+__device__ __forceinline__ uint32_t pack_int8x4(float a, float b, float c, float d, float qmax) {
+  const float v[4] = {a, b, c, d};
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = isnan(v[j]) ? 0 : __float2int_rn(fminf(fmaxf(v[j], -qmax), qmax));
+    w |= (static_cast<uint32_t>(i) & 0xFFu) << (8 * j);
   }
-  const float y = fminf(fmaxf(kPow2 ? x * inv : __fdiv_rn(x, scale), -qmax), qmax);
-  if (kInt8) {
-    return static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(y)));
-  }
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+  return w;
 }
 
 // T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
@@ -109,13 +133,27 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
   for (int it = 0; it < kItemsPerThread; ++it) {
     float amax = 0.f;
 #pragma unroll
-    for (int j = 0; j < kElems; ++j) {
-      const float a = fabsf(vals[it][j]);
-      amax = a < INFINITY ? fmaxf(amax, a) : amax;  // NaN and Inf compare false
-    }
+    for (int j = 0; j < kElems; ++j) amax = fmaxf(amax, fabsf(vals[it][j]));  // fmaxf drops NaN
 #pragma unroll
     for (int off = TPG / 2; off > 0; off >>= 1) {
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
+    }
+    // Rare: a group holding +-Inf (its amax is the finite one) or a scale below 2^-60. The
+    // branch is warp-uniform (the shuffles need every lane): such a warp redoes the amax
+    // without infinities and divides.
+    const bool special = amax == INFINITY || fmaxf(amax, eps) < qmax * 0x1p-60f;
+    const bool divide = __any_sync(0xffffffffu, special);
+    if (divide) {
+      amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < kElems; ++j) {
+        const float a = fabsf(vals[it][j]);
+        amax = a < INFINITY ? fmaxf(amax, a) : amax;
+      }
+#pragma unroll
+      for (int off = TPG / 2; off > 0; off >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
+      }
     }
     float scale = __fdiv_rn(fmaxf(amax, eps), qmax);
     if (kPow2) {
@@ -127,18 +165,20 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
     if (valid[it]) {
 #pragma unroll
       for (int v = 0; v < VPT; ++v) {
-        uint8_t out[kVec];
+        uint32_t words[kVec / 4];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) out[j] = quantize<kInt8, kPow2>(vals[it][v * kVec + j], scale, inv, qmax);
+        for (int w = 0; w < kVec / 4; ++w) {
+          float y[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) y[j] = quotient<kPow2>(vals[it][v * kVec + 4 * w + j], scale, inv, divide);
+          words[w] = kInt8 ? pack_int8x4(y[0], y[1], y[2], y[3], qmax) : pack_fp8x4(y[0], y[1], y[2], y[3]);
+        }
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
         uint8_t* dst = q + (int64_t)rows[it] * k + col;
         if constexpr (kVec == 8) {
-          *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
-        } else if constexpr (kVec == 4) {
-          *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(out);
+          *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
         } else {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) dst[j] = out[j];
+          *reinterpret_cast<uint32_t*>(dst) = words[0];
         }
       }
     }

@@ -22,6 +22,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from rtp_fp8 import triton_env
 from rtp_fp8.quant import layout as L
@@ -39,24 +40,75 @@ def _rint(y):
 
 
 @triton.jit
-def _quotient(x, scale, qmax, POW2: tl.constexpr):
-    """clamp(x / scale, -qmax, qmax) with IEEE division. A power-of-two scale multiplies by its
-    exact reciprocal instead (same result, no division). Measured on the H200: skipping the
-    division for FP32 scales behind a per-tile check of the fp8 rounding boundaries cost more
-    than the division (bench/quant.py, docs/perf.md)."""
+def _div_fast(x, s, inv):
+    """div.rn(x, s) from inv = div.rn(1, s): q0 = x * inv, e = fma(q0, s, -x) (exact, the
+    negated remainder), q0 - e * inv rounded once. Equal to the division unless x, the
+    remainder or the quotient is subnormal (|x| < 2**-100 or |x / s| < 2**-100: both
+    quotients are then fp8 zeros of x's sign) or something overflows:
+    tests/quant/test_fast_division.py checks every bf16 and fp16 (x, amax) pair on the GPU.
+    Signed zeros: x = -0 must give -0, so the remainder is the negated one (the last step
+    adds -0 to -0), and negation is a multiply by -1 (Triton's unary minus is 0 - v, which
+    maps +0 to +0)."""
+    q0 = x * inv
+    return tl.fma(tl.fma(q0, s, x * -1.0), inv * -1.0, q0)
+
+
+@triton.jit
+def _quantize(x, eps, qmax, AXIS: tl.constexpr, POW2: tl.constexpr, INT8: tl.constexpr):
+    """(values ready for the cast, scales) for the groups along AXIS of fp32 x.
+
+    amax is the group's finite amax: a max of |x| ignores NaN (maxnum); +-Inf, rare, sends
+    the whole tile through a second, filtering amax. The quotient x / scale is the IEEE
+    division's: a power-of-two scale multiplies by its exact reciprocal; an FP32 scale takes
+    _div_fast with inv = 1 / scale rounded once per group, which equals div.rn(x, scale)
+    whenever nothing overflows or underflows, so tiles holding +-Inf or a scale below
+    2**-60 divide instead. fp8: the cast saturates
+    (+-Inf -> +-448) and gives NaN the canonical 0x7F; int8: clamped, rounded half to even,
+    NaN -> 0.
+    """
+    ax = tl.abs(x)
+    amax = tl.max(ax, axis=AXIS)
+    tiny = 8.673617379884035e-19  # 2**-60
+    special = tl.max(((amax == float("inf")) | (tl.maximum(amax, eps) < qmax * tiny)).to(tl.int32)) != 0
+    if special:
+        amax = tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=AXIS)  # NaN and Inf compare false
+    scale = tl.math.div_rn(tl.maximum(amax, eps), qmax)
     if POW2:
-        y = x * tl.math.div_rn(1.0, scale)
+        bits = scale.to(tl.int32, bitcast=True)
+        expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        scale = (expo << 23).to(tl.float32, bitcast=True)
+    s = tl.broadcast_to(tl.expand_dims(scale, AXIS), x.shape)
+    inv = tl.math.div_rn(1.0, s)
+    if POW2:
+        y = x * inv
+    elif special:
+        y = tl.math.div_rn(x, s)
     else:
-        y = tl.math.div_rn(x, scale)
-    return tl.minimum(tl.maximum(y, -qmax), qmax)
+        y = _div_fast(x, s, inv)
+    if INT8:
+        y = tl.where(x != x, 0.0, _rint(tl.minimum(tl.maximum(y, -qmax), qmax)))
+    return y, scale
+
+
+@triton.jit
+def _silu_mul(x_ptr, offs, up_off, mask, CUDA_EXP: tl.constexpr):
+    """bf16(silu(g) * u) in fp32 with silu(g) = g / (1 + exp(-g)) (IEEE division), as torch
+    computes silu(g.float()) * u.float(): CUDA_EXP uses the CUDA math library's expf (what
+    torch's kernel calls); the interpreter's numpy exp may differ in the last bit."""
+    g = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + offs + up_off, mask=mask, other=0.0).to(tl.float32)
+    e = libdevice.exp(g * -1.0) if CUDA_EXP else tl.exp(g * -1.0)
+    return (tl.math.div_rn(g, 1.0 + e) * u).to(tl.bfloat16).to(tl.float32)
 
 
 @triton.jit
 def _per_token_group_quant_kernel(
-    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax,
+    x_ptr, q_ptr, s_ptr, M, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax, up_off,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
-    POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr,
+    POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr, SILU_MUL: tl.constexpr = False,
+    CUDA_EXP: tl.constexpr = True,
 ):
+    """Rows of x (or, with SILU_MUL, bf16(silu(x[:, :up_off]) * x[:, up_off:])) per group."""
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -67,21 +119,12 @@ def _per_token_group_quant_kernel(
     rows64 = rows.to(tl.int64)
     kofs = groups[None, :, None] * GROUP + cols[None, None, :]
     mask = rmask[:, None, None] & gmask[None, :, None]
-    x = tl.load(x_ptr + rows64[:, None, None] * stride_xm + kofs, mask=mask, other=0.0).to(tl.float32)
-
-    ax = tl.abs(x)
-    amax = tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=2)  # NaN and Inf compare false
-    scale = tl.math.div_rn(tl.maximum(amax, eps), qmax)
-    if POW2:
-        bits = scale.to(tl.int32, bitcast=True)
-        expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-        scale = (expo << 23).to(tl.float32, bitcast=True)
-
-    y = _quotient(x, scale[:, :, None], qmax, POW2)
-    if INT8:
-        y = tl.where(x != x, 0.0, _rint(y))
+    if SILU_MUL:
+        x = _silu_mul(x_ptr, rows64[:, None, None] * stride_xm + kofs, up_off, mask, CUDA_EXP)
     else:
-        y = tl.where(x != x, float("nan"), y)  # canonical (positive) NaN: fp8 0x7F
+        x = tl.load(x_ptr + rows64[:, None, None] * stride_xm + kofs, mask=mask, other=0.0).to(tl.float32)
+
+    y, scale = _quantize(x, eps, qmax, 2, POW2, INT8)
     tl.store(q_ptr + rows64[:, None, None] * stride_qm + kofs, y.to(q_ptr.dtype.element_ty), mask=mask)
 
     if PACKED:
@@ -110,18 +153,7 @@ def _per_token_group_quant_seg_kernel(
     offs = seg[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     x = tl.load(x_ptr + offs, mask=smask[:, None], other=0.0, eviction_policy="evict_first").to(tl.float32)
 
-    ax = tl.abs(x)
-    amax = tl.max(tl.where(ax < float("inf"), ax, 0.0), axis=1)
-    scale = tl.math.div_rn(tl.maximum(amax, eps), qmax)
-    if POW2:
-        bits = scale.to(tl.int32, bitcast=True)
-        expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-        scale = (expo << 23).to(tl.float32, bitcast=True)
-    y = _quotient(x, scale[:, None], qmax, POW2)
-    if INT8:
-        y = tl.where(x != x, 0.0, _rint(y))
-    else:
-        y = tl.where(x != x, float("nan"), y)  # canonical (positive) NaN: fp8 0x7F
+    y, scale = _quantize(x, eps, qmax, 1, POW2, INT8)
     tl.store(q_ptr + offs, y.to(q_ptr.dtype.element_ty), mask=smask[:, None])
 
     if PACKED:  # NUM_GROUPS % 4 == 0 and SEG % 4 == 0: a word never straddles rows or programs
@@ -258,8 +290,46 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     grid = (triton.cdiv(m, block_m), triton.cdiv(g, gpp))
     _per_token_group_quant_kernel[grid](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
-        OUT_DTYPES[q.dtype], NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
+        OUT_DTYPES[q.dtype], 0, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
         POW2=pow2, PACKED=packed, INT8=q.dtype == torch.int8, num_warps=warps, num_stages=stages,
+    )
+
+
+def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
+                        scale_layout: str = "row", eps: float = 1e-10) -> None:
+    """The MoE activation, fused: act = bf16(silu(g) * u) for gate_up = [g | u] ([R, 2I] bf16),
+    quantized per group into q [R, I] (fp8) and scales, in one pass (no act tensor).
+    Same values as `per_token_group_quant_into((F.silu(g.float()) * u.float()).bfloat16(), ...)`
+    on the GPU (tests/quant/test_silu_mul_quant.py)."""
+    if not isinstance(gate_up, torch.Tensor) or gate_up.dtype != torch.bfloat16 or gate_up.dim() != 2:
+        got = (gate_up.dtype, tuple(gate_up.shape)) if isinstance(gate_up, torch.Tensor) else type(gate_up).__name__
+        raise ValueError(f"gate_up must be a 2-D bfloat16 tensor [rows, 2 * I], got {got}")
+    r, w = gate_up.shape
+    if w % 2 or gate_up.stride(-1) != 1:
+        raise ValueError(f"gate_up must have an even, contiguous last dimension, got shape {tuple(gate_up.shape)} "
+                         f"strides {gate_up.stride()}")
+    i = w // 2
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (r, i) \
+            or q.stride(-1) != 1:
+        raise ValueError(f"q must be float8_e4m3fn of shape ({r}, {i}) with a contiguous last dim")
+    if q.device != gate_up.device:
+        raise ValueError(f"q is on {q.device}, expected {gate_up.device} (same device as gate_up)")
+    if not isinstance(group_size, int) or group_size < 16 or group_size & (group_size - 1) or i % group_size:
+        raise ValueError(f"group_size must be a power of two >= 16 dividing I={i}, got {group_size!r}")
+    L.check_layout_name(scale_layout)
+    g = i // group_size
+    L.check_scales(scales, (), r, g, scale_layout, "scales", gate_up.device)
+    if eps <= 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    if r == 0:
+        return
+    packed = scale_layout == "ue8m0"
+    block_m, gpp, warps, stages = _launch_config(r, g, group_size, packed)
+    _per_token_group_quant_kernel[(triton.cdiv(r, block_m), triton.cdiv(g, gpp))](
+        gate_up, q, scales, r, gate_up.stride(0), q.stride(0), scales.stride(0), scales.stride(1), eps,
+        OUT_DTYPES[q.dtype], i, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m, POW2=packed,
+        PACKED=packed, INT8=False, SILU_MUL=True, CUDA_EXP=not triton_env.interpreting(), num_warps=warps,
+        num_stages=stages,
     )
 
 
