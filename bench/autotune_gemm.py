@@ -17,26 +17,30 @@ import math
 
 from rtp_fp8.gemm.triton import block_scaled as G
 
-# (max_m, representative (M, N, K) shapes); the last bucket takes any M
+# (max_m, representative (M, N, K) shapes, search space); the last bucket takes any M.
+# Small M has few output tiles: 64-row tiles and narrower N tiles keep the SMs busy.
+SMALL = {"BLOCK_M": [64], "BLOCK_N": [64, 128], "BLOCK_K": [128], "num_warps": [4],
+         "num_stages": [3, 4, 5, 6], "GROUP_M": [8]}
+LARGE = {"BLOCK_M": [64, 128], "BLOCK_N": [128, 256], "BLOCK_K": [128], "num_warps": [4, 8],
+         "num_stages": [3, 4, 5], "GROUP_M": [8]}
 BUCKETS = [
-    (64, [(64, 7168, 16384), (64, 4096, 7168), (16, 2112, 7168)]),
-    (None, [(4096, 2112, 7168), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 32768, 512)]),
+    (64, [(64, 7168, 16384), (64, 4096, 7168), (16, 2112, 7168)], SMALL),
+    (256, [(128, 7168, 16384), (128, 4096, 7168), (256, 7168, 2048)], SMALL),
+    (None, [(4096, 2112, 7168), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 32768, 512)], LARGE),
 ]
-SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [128, 256], "BLOCK_K": [128], "num_warps": [4, 8],
-         "num_stages": [3, 4], "GROUP_M": [8]}
 
 
-def candidates() -> list[dict]:
+def candidates(space: dict) -> list[dict]:
     keys = list(G.CONFIG_KEYS)
-    return [dict(zip(keys, vals)) for vals in itertools.product(*(SPACE[k] for k in keys))]
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(space[k] for k in keys))]
 
 
 def pick(bench_ms, buckets=BUCKETS) -> list[dict]:
     """Best candidate per bucket; bench_ms(config, (m, n, k)) -> ms, raising when it cannot run."""
     out = []
-    for max_m, shapes in buckets:
+    for max_m, shapes, space in buckets:
         best, best_score = None, -1.0
-        for cfg in candidates():
+        for cfg in candidates(space):
             try:
                 tflops = [2 * m * n * k / (bench_ms(cfg, (m, n, k)) * 1e-3) / 1e12 for m, n, k in shapes]
             except Exception as exc:  # noqa: BLE001 - a config that cannot run is not a candidate
@@ -63,7 +67,7 @@ def write(buckets: list[dict], measured_on: str, path=G.CONFIG_TABLE) -> None:
 def gpu_bench_ms(cfg, shape):  # pragma: no cover - GPU only
     import torch
 
-    from bench.common import median_ms
+    from bench.common import graph_ms
     from rtp_fp8.quant import block as B
     from rtp_fp8.quant import token_group as T
 
@@ -73,7 +77,7 @@ def gpu_bench_ms(cfg, shape):  # pragma: no cover - GPU only
     b, sb = B.quantize_weight_blocks(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     with G.config_override(cfg):
-        return median_ms(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), warmup=5, rep=50)
+        return graph_ms(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), rep=50)
 
 
 def main():

@@ -1,6 +1,7 @@
 """Backend selection per Arch (with and without a usable DeepGEMM) and the FP8 linear layer
 vs the oracle of its quantized operands (relative L2 <= 5e-3) and the BF16 linear (<= 0.05)."""
 
+import json
 import logging
 
 import pytest
@@ -102,17 +103,21 @@ def test_launch_config_table_and_autotune_writer(tmp_path, monkeypatch):
     from rtp_fp8.gemm.triton import block_scaled as G
 
     monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)  # the GPU branch of _config
-    assert G._config(16, 256, 512) == (64, 128, 128, 4, 4, 8)
-    assert G._config(4096, 256, 512) == (128, 128, 128, 8, 3, 8)
+    table_rows = json.loads(G.CONFIG_TABLE.read_text())["buckets"]
+    for m in (1, 16, 64, 65, 128, 256, 257, 4096):
+        row = next(b for b in table_rows if b["max_m"] is None or m <= b["max_m"])
+        assert G._config(m, 256, 512) == tuple(row["config"][key] for key in G.CONFIG_KEYS), m
 
-    def fake_ms(cfg, shape):  # BLOCK_N 256 with 8 warps is "fastest"; BLOCK_M 128 + 4 stages "fails"
+    def fake_ms(cfg, shape):  # the widest BLOCK_N with the most warps is "fastest"; BLOCK_M 128 + 4 stages "fails"
         if cfg["BLOCK_M"] == 128 and cfg["num_stages"] == 4:
             raise RuntimeError("out of resources: shared memory")
-        return 1.0 / (1 + (cfg["BLOCK_N"] == 256) + (cfg["num_warps"] == 8))
+        return 1.0 / (cfg["BLOCK_N"] * (1 + (cfg["num_warps"] == 8)))
 
     buckets = AT.pick(fake_ms, AT.BUCKETS)
-    assert [b["config"]["BLOCK_N"] for b in buckets] == [256, 256]
-    assert all(b["config"]["num_warps"] == 8 for b in buckets)
+    for got, (_, _, space) in zip(buckets, AT.BUCKETS, strict=True):
+        assert got["config"]["BLOCK_N"] == max(space["BLOCK_N"])
+        assert got["config"]["num_warps"] == max(space["num_warps"])
+        assert not (got["config"]["BLOCK_M"] == 128 and got["config"]["num_stages"] == 4)
     table = tmp_path / "configs.json"
     table.write_text(G.CONFIG_TABLE.read_text())
     monkeypatch.setattr(G, "CONFIG_TABLE", table)

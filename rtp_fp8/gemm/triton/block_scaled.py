@@ -47,6 +47,20 @@ def _load_scale(ptr, idx, kb, stride_i, stride_k, mask, PACKED: tl.constexpr):
 
 
 @triton.jit
+def _tile_expert(grp_ptr, cnt_ptr, rows, rmask, first_row, pid_n, E):
+    """Contiguous layout: (expert of the tile = its first row's id, or 0; rows computed; tile
+    valid). Column tile 0 counts padding rows (-1) and rows with another or invalid id."""
+    expert = tl.load(grp_ptr + first_row)
+    ids = tl.load(grp_ptr + rows, mask=rmask, other=-1)
+    tile_valid = (expert >= 0) & (expert < E)
+    row_ok = rmask & (ids == expert) & tile_valid
+    if pid_n == 0:
+        tl.atomic_add(cnt_ptr, tl.sum((rmask & (ids == -1)).to(tl.int32), axis=0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + 1, tl.sum((rmask & (ids != -1) & ~row_ok).to(tl.int32), axis=0), sem="relaxed")
+    return tl.where(tile_valid, expert, 0), row_ok, tile_valid
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     a_ptr, b_ptr, d_ptr, sa_ptr, sb_ptr, grp_ptr, cnt_ptr,
     M, N, K, E, TILES_M,
@@ -57,6 +71,7 @@ def _fp8_gemm_kernel(
     stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -84,14 +99,7 @@ def _fp8_gemm_kernel(
             return
     row_ok = rmask
     if MODE == 1:
-        expert = tl.load(grp_ptr + pid_m * BLOCK_M)
-        ids = tl.load(grp_ptr + rows, mask=rmask, other=-1)
-        tile_valid = (expert >= 0) & (expert < E)
-        row_ok = rmask & (ids == expert) & tile_valid
-        if pid_n == 0:
-            tl.atomic_add(cnt_ptr, tl.sum((rmask & (ids == -1)).to(tl.int32), axis=0))
-            tl.atomic_add(cnt_ptr + 1, tl.sum((rmask & (ids != -1) & ~row_ok).to(tl.int32), axis=0))
-        e = tl.where(tile_valid, expert, 0)
+        e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
         if not tile_valid:
             zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=d_ptr.dtype.element_ty)
             tl.store(d_ptrs, zero, mask=rmask[:, None] & cmask[None, :])
@@ -103,19 +111,84 @@ def _fp8_gemm_kernel(
     sb_base = sb_ptr + e * stride_sbe
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # 128x128 B blocks and BLOCK_N <= 128: one B scale per K step, folded into A's per-row
+    # scales, so the promotion is one FMA per accumulator element
+    SB_SCALAR: tl.constexpr = (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B)
     for k0 in range(0, K, BLOCK_K):
-        kmask = (k0 + offs_k) < K
-        a = tl.load(a_base + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)
-        b = tl.load(b_base + cols[:, None] * stride_bn + (k0 + offs_k)[None, :] * stride_bk,
-                    mask=cmask[:, None] & kmask[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(a_base + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
+                        mask=rmask[:, None], other=0.0)
+            b = tl.load(b_base + cols[:, None] * stride_bn + (k0 + offs_k)[None, :] * stride_bk,
+                        mask=cmask[:, None], other=0.0)
+        else:
+            kmask = (k0 + offs_k) < K
+            a = tl.load(a_base + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(b_base + cols[:, None] * stride_bn + (k0 + offs_k)[None, :] * stride_bk,
+                        mask=cmask[:, None] & kmask[None, :], other=0.0)
         kb = k0 // 128
         sa = _load_scale(sa_base, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-        sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
-        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+        if SB_SCALAR:
+            sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
+            acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * (sa * sb)[:, None]
+        else:
+            sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
+            acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
     if MODE == 1:
         acc = tl.where(row_ok[:, None], acc, 0.0)
     tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _fp8_gemm_tma_kernel(
+    a_desc, b_desc, d_ptr, sa_ptr, sb_ptr, grp_ptr, cnt_ptr,
+    M, N, K, E, TILES_M, NUM_PROGS,
+    stride_dm, stride_dn, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
+    SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Dense and m-grouped contiguous, persistent (NUM_PROGS programs walk the tiles) with TMA
+    loads (out-of-range rows and K are zero-filled by the copy engine). B is viewed as
+    [E * N, K]: a tile's rows past N belong to the next expert and only feed columns that are
+    never stored. Same numerics, counters and zero tiles as _fp8_gemm_kernel."""
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = TILES_M * tiles_n
+    nk = tl.cdiv(K, BLOCK_K)
+    width = GROUP_M * tiles_n
+    SB_SCALAR: tl.constexpr = (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=True):
+        group_id = tile // width
+        first_m = group_id * GROUP_M
+        size_m = tl.minimum(TILES_M - first_m, GROUP_M)
+        pid_m = first_m + (tile % width) % size_m
+        pid_n = (tile % width) // size_m
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < M
+        cmask = cols < N
+        e = 0
+        row_ok = rmask
+        tile_valid = True
+        if MODE == 1:
+            e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if tile_valid:
+            sb_base = sb_ptr + e * stride_sbe
+            for kb in tl.range(0, nk, num_stages=STAGES):
+                a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+                b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
+                sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
+                if SB_SCALAR:
+                    sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
+                    acc += tl.dot(a, b.T, out_dtype=tl.float32) * (sa * sb)[:, None]
+                else:
+                    sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
+                    acc += tl.dot(a, b.T, out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+        if MODE == 1:
+            acc = tl.where(row_ok[:, None], acc, 0.0)
+        d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
+        tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -226,8 +299,45 @@ def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, 
         a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m,
         a_e, a_m, a_k, b_e, b_n, b_k, d_e, d_m, d_n, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, num_warps=warps,
+        num_stages=stages,
     )
+
+
+USE_TMA = True  # tests patch it to False to compare both paths; the launcher also checks _tma_ok
+
+
+def _tma_ok(*tensors) -> bool:
+    """TMA copies need 16-byte aligned bases and row strides, and a contiguous last dim."""
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in t.stride()[:-1])
+               for t in tensors)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
+                stages, group_m) -> bool:
+    """Dense / contiguous through the persistent TMA kernel; False when it does not apply."""
+    if not USE_TMA or not b.is_contiguous() or not _tma_ok(a, b):
+        return False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b2 = b.reshape(-1, k)  # [E * N, K]
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
+    tiles = tiles_m * cdiv(n, bn)
+    progs = tiles if triton_env.interpreting() else min(tiles, _num_sms(a.device.index or 0))
+    sb_e, sb_n, sb_k = (sb.stride(0), sb.stride(1), sb.stride(2)) if sb.dim() == 3 else (0, sb.stride(0), sb.stride(1))
+    _fp8_gemm_tma_kernel[(progs,)](
+        a_desc, b_desc, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
+        d.stride(0), d.stride(1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
+        SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, STAGES=stages, num_warps=warps,
+    )
+    return True
 
 
 def fp8_gemm_nt(a, sa, b, sb, out=None):
@@ -246,9 +356,10 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
         return out
     bm, bn, bk, warps, stages, gm = _config(m, n, k)
     tiles_m = cdiv(m, bm)
-    grid = (tiles_m * cdiv(n, bn), 1)
-    _launch(grid, DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
-            warps, stages, gm, False)
+    if not _launch_tma(DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
+                       warps, stages, gm):
+        _launch((tiles_m * cdiv(n, bn), 1), DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a,
+                packed_b, bm, bn, bk, warps, stages, gm, False)
     return out
 
 
@@ -280,9 +391,10 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
     bm, bn, bk, warps, stages, gm = _config(m, n, k)
     bm = max(d for d in (16, 32, 64, 128) if alignment % d == 0 and d <= bm)
     tiles_m = cdiv(m, bm)
-    grid = (tiles_m * cdiv(n, bn), 1)
-    _launch(grid, CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m, sb_div, packed_a,
-            packed_b, bm, bn, bk, warps, stages, gm, False)
+    if not _launch_tma(CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m, sb_div, packed_a,
+                       packed_b, bm, bn, bk, warps, stages, gm):
+        _launch((tiles_m * cdiv(n, bn), 1), CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m,
+                sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm, False)
     return out
 
 
