@@ -49,8 +49,8 @@ def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.
     m = offs < n
     ids = tl.load(ids_ptr + offs, mask=m, other=0)
     loc, is_local, invalid = _local(ids, E_OFF, E, NG)
-    tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m)
-    tl.atomic_add(counters_ptr, tl.sum((m & invalid).to(tl.int32), axis=0))
+    tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m, sem="relaxed")
+    tl.atomic_add(counters_ptr, tl.sum((m & invalid).to(tl.int32), axis=0), sem="relaxed")
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def _block_hist_kernel(ids_ptr, hist_ptr, n, E, E_OFF, BLOCK: tl.constexpr):
     offs = b * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     loc, is_local, _ = _local(tl.load(ids_ptr + offs, mask=m, other=-1), E_OFF, E, 2147483647)
-    tl.atomic_add(hist_ptr + b * E + loc, tl.where(is_local & m, 1, 0), mask=is_local & m)
+    tl.atomic_add(hist_ptr + b * E + loc, tl.where(is_local & m, 1, 0), mask=is_local & m, sem="relaxed")
 
 
 @triton.jit
@@ -147,34 +147,44 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
     km = k < TOPK
     loc, is_local, _ = _local(tl.load(ids_ptr + t * TOPK + k, mask=km, other=-1), E_OFF, E, 2147483647)
     is_local = is_local & km
-    if DET:
-        slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
+    if tl.sum(is_local.to(tl.int32), axis=0) == 0:
+        tl.store(oidx_ptr + t * TOPK + k, tl.full((KB,), -1, tl.int32), mask=km)
     else:
-        slot = tl.atomic_add(cursor_ptr + loc, tl.where(is_local, 1, 0), mask=is_local)
-    dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
-    if HAS_ENDS:
-        end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
-    else:
-        end = cap
-    ok = is_local & (dest < end)
-    tl.atomic_add(counters_ptr + 1, tl.sum((is_local & (dest >= end)).to(tl.int32), axis=0))
-    dest = tl.where(ok, dest, -1)
-    tl.store(oidx_ptr + t * TOPK + k, dest, mask=km)
-    if tl.sum(ok.to(tl.int32), axis=0) > 0:
+        # The row (its first BH bytes: all of it when H <= BH) and its scales are loaded before
+        # the slot atomics, whose latency they overlap (relaxed atomics do not order them).
         src = x_ptr + t.to(tl.int64) * stride_xm
-        for h0 in range(0, H, BH):
-            offs = h0 + tl.arange(0, BH)
-            hm = offs < H
-            v = tl.load(src + offs, mask=hm)
-            for kk in tl.static_range(TOPK):
-                d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
-                tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=hm & (d >= 0))
+        offs = tl.arange(0, BH)
+        v = tl.load(src + offs, mask=offs < H, eviction_policy="evict_first")
         so = tl.arange(0, BS)
         sm = so < SK
         sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+        if DET:
+            slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
+        else:
+            slot = tl.atomic_add(cursor_ptr + loc, tl.where(is_local, 1, 0), mask=is_local, sem="relaxed")
+        dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
+        if HAS_ENDS:
+            end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
+        else:
+            end = cap
+        ok = is_local & (dest < end)
+        over = tl.sum((is_local & (dest >= end)).to(tl.int32), axis=0)
+        if over > 0:
+            tl.atomic_add(counters_ptr + 1, over, sem="relaxed")
+        dest = tl.where(ok, dest, -1)
+        tl.store(oidx_ptr + t * TOPK + k, dest, mask=km)
         for kk in tl.static_range(TOPK):
             d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
-            tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm & (d >= 0))
+            if d >= 0:
+                tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=offs < H)
+                tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm)
+        for h0 in range(BH, H, BH):  # rows longer than BH
+            offs2 = h0 + tl.arange(0, BH)
+            v2 = tl.load(src + offs2, mask=offs2 < H, eviction_policy="evict_first")
+            for kk in tl.static_range(TOPK):
+                d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
+                if d >= 0:
+                    tl.store(out_ptr + d.to(tl.int64) * stride_om + offs2, v2, mask=offs2 < H)
 
 
 @triton.jit
@@ -347,7 +357,7 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
         x, x_scales, ids, rank, starts, ends if ends is not None else starts, cursor, out, out_scales, oidx, counters,
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         out_scales.stride(0), out_scales.stride(1), TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        HAS_ENDS=ends is not None, BH=min(2048, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
+        HAS_ENDS=ends is not None, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
     )
     return oidx
 

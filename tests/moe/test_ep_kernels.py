@@ -38,8 +38,8 @@ def _oracle_layout(ids, align, cap):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("align", [1, 64, 128])
-def test_layout_and_scatter_exact(device, align):
+@pytest.mark.parametrize("align,h", [(1, H), (64, H), (128, H), (128, 8192 + 256)])  # rows longer than one chunk
+def test_layout_and_scatter_exact(device, align, h):
     ids = _ids(device, seed=align)
     cap = K.workspace_rows(T * TOPK, E, align)
     counts, starts, mi, counters = K.ep_layout(ids, E, cap, align)
@@ -48,10 +48,10 @@ def test_layout_and_scatter_exact(device, align):
     assert torch.equal(mi.cpu(), om) and counters.cpu().tolist() == [inv, 0]
 
     g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 120, (T, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
+    x = torch.randint(0, 120, (T, h), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
     xs = (torch.rand(T, 2, generator=g) + 0.5).to(device)
     guard = 16
-    buf = torch.full((cap + guard, H), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    buf = torch.full((cap + guard, h), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     sbuf = torch.full((cap + guard, 2), float("nan"), device=device)
     oidx = K.ep_scatter(x, xs, ids, starts, buf[:cap], sbuf[:cap], counters)
     oidx, ids_c = oidx.cpu(), ids.cpu()
