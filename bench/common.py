@@ -8,13 +8,21 @@ import subprocess
 
 import torch
 import triton
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 from rtp_fp8.arch import detect
 
 
 def median_ms(fn, warmup=25, rep=200) -> float:
+    """Eager calls: includes the Python launch cost whenever it exceeds the kernel time."""
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graph_ms(fn, rep=100) -> float:
+    """CUDA-graph replays of fn: the kernel time, without Python launch cost."""
+    fn()
+    torch.cuda.synchronize()
+    return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:

@@ -10,6 +10,9 @@ Bytes, counted once each:
   rows + scale rows written per local route, m_indices written;
 - gather: expert-output rows (bf16) read per local route, weights and output_index read,
   bf16 output rows written.
+Beside the copy ceiling, torch's fan-out copy with the scatter's shape (each row read once
+and written ~local routes / tokens times, an expanded-source copy_) is a baseline for that
+traffic shape (not a ceiling: it is far below the copy bandwidth).
 Executor (H=7168, I=2048, T=4096): one forward vs the sum of its parts timed alone.
 """
 
@@ -18,9 +21,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from triton.testing import do_bench_cudagraph
 
-from bench.common import copy_bandwidth_gbs, dump, environment
+from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.moe import ep_kernels as K
@@ -30,12 +32,6 @@ from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
 H, TOPK, E_LOCAL, E_GLOBAL, ALIGN = 7168, 8, 32, 64, 128
-
-
-def graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
 
 
 def routing(t, seed=0):
@@ -72,8 +68,16 @@ def bench_scatter_gather(t, layout):
     yo = torch.empty(t, H, device="cuda", dtype=torch.bfloat16)
     g_ms = graph_ms(lambda: K.ep_gather(y, w, oidx, out=yo))
     g_bytes = local * H * 2 + w.numel() * 4 + oidx.numel() * 4 + t * H * 2
+    # The scatter's traffic shape done by torch: each read row written `fan` times (copy_ of
+    # an expanded source). A baseline, not a ceiling.
+    fan = max(1, round(local / max(tokens_read, 1)))
+    rows_n = min(local // fan, t)
+    src, dst = x.view(torch.uint8)[:rows_n], out.view(torch.uint8)[:rows_n * fan].view(rows_n, fan, H)
+    f_ms = graph_ms(lambda: dst.copy_(src.unsqueeze(1).expand(rows_n, fan, H)))
+    f_gbs = rows_n * H * (1 + fan) / (f_ms * 1e-3) / 1e9
     return {"t": t, "local_routes": local, "scatter_us": s_ms * 1e3, "scatter_gbs": s_bytes / (s_ms * 1e-3) / 1e9,
-            "gather_us": g_ms * 1e3, "gather_gbs": g_bytes / (g_ms * 1e-3) / 1e9}
+            "gather_us": g_ms * 1e3, "gather_gbs": g_bytes / (g_ms * 1e-3) / 1e9, "fanout": fan,
+            "fanout_copy_gbs": f_gbs}
 
 
 
@@ -132,6 +136,8 @@ def main():
     for r in rows:
         print(f"{r['t']:6d} {r['local_routes']:7d} {r['scatter_us']:10.1f} {r['scatter_gbs']:6.0f} "
               f"{r['scatter_ratio']:5.2f} {r['gather_us']:9.1f} {r['gather_gbs']:6.0f} {r['gather_ratio']:5.2f}")
+    print("torch fan-out copy (each row read once, written `fanout` times; copy_ of an expanded source): " +
+          ", ".join(f"T={r['t']} x{r['fanout']} {r['fanout_copy_gbs']:.0f} GB/s" for r in rows))
     print(f"executor T={ex['t']} I={ex['inter']}: {ex['total_us']:.0f} us ({ex['tflops']:.0f} TFLOP/s) vs sum of parts "
           f"{ex['sum_parts_us']:.0f} us: " + ", ".join(f"{k} {v:.0f}" for k, v in ex["parts_us"].items()))
 

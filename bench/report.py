@@ -34,24 +34,33 @@ unchunked {d['chunk_extra_mib']['None']:.0f} MiB, 1024-row chunks {d['chunk_extr
 
 def gemm_section(d: dict, path: str) -> str:
     env = d["env"]
-    rows = "\n".join(f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} |"
+    rows = "\n".join(f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} | "
+                     f"{r['eager_ms']:.3f} |" if "eager_ms" in r else
+                     f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} | - |"
                      for r in d["results"])
     return f"""## Block-scaled FP8 GEMM, Triton (`bench/gemm.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
 Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
-**{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128).
+**{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128). Times are
+CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost.
 
-| kind | M, N, K | ms | TFLOP/s | ratio to cuBLASLt |
-|---|---|---:|---:|---:|
+| kind | M, N, K | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) |
+|---|---|---:|---:|---:|---:|
 {rows}
 """
+
+
+def _fanout(r: dict) -> str:
+    if "fanout_copy_gbs" not in r:
+        return "-"
+    return f"x{r['fanout']}: {r['fanout_copy_gbs']:.0f} (scatter {r['scatter_gbs'] / r['fanout_copy_gbs']:.1f}x)"
 
 
 def moe_section(d: dict, path: str) -> str:
     env, ex = d["env"], d["executor"]
     rows = "\n".join(f"| {r['t']} | {r['local_routes']} | {r['scatter_us']:.1f} | {r['scatter_gbs']:.0f} | "
-                     f"{r['scatter_ratio']:.2f} | {r['gather_us']:.1f} | {r['gather_gbs']:.0f} | "
+                     f"{r['scatter_ratio']:.2f} | {_fanout(r)} | {r['gather_us']:.1f} | {r['gather_gbs']:.0f} | "
                      f"{r['gather_ratio']:.2f} |"
                      for r in d["results"])
     parts = "\n".join(f"| {k} | {v:.0f} |" for k, v in ex["parts_us"].items())
@@ -62,10 +71,12 @@ Ceiling measured in the same run: device-to-device copy **{d['copy_gbs']:.0f} GB
 
 H=7168, topk=8, 32 local experts of 64 (about half the routes are another rank's), FP8 rows
 with `{d['scale_layout']}` scales, CUDA-graph replays. Scatter = layout (count, starts,
-m_indices) + copy; bytes as documented in bench/moe.py (each byte once).
+m_indices) + copy; bytes as documented in bench/moe.py (each byte once). "torch fan-out":
+torch's copy of an expanded source, each read row written `x` times (the scatter's
+read:write shape), measured in the same run: a baseline for that traffic, not a ceiling.
 
-| T | local routes | scatter (us) | GB/s | ratio to copy | gather (us) | GB/s | ratio to copy |
-|---:|---:|---:|---:|---:|---:|---:|---:|
+| T | local routes | scatter (us) | GB/s | ratio to copy | torch fan-out GB/s | gather (us) | GB/s | ratio |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|
 {rows}
 
 Contiguous executor, T={ex['t']}, I={ex['inter']} ({ex['local_routes']} local routes, workspace {ex['cap']} rows):
@@ -79,7 +90,7 @@ parts timed alone {ex['sum_parts_us']:.0f} us.
 
 
 def main(paths: list[str]) -> int:
-    out = ["# Performance (measured on the lent H200)\n",
+    out = ["# Performance (measured on the lent GPU: each section names its card)\n",
            "Medians (`triton.testing.do_bench` / `do_bench_cudagraph`) from one run each, beside\n"
            "the ceiling measured in the same run. Rendered by `bench/report.py` from the JSON files\n"
            "named below; the commentary at the end is written by hand.\n"]
