@@ -132,3 +132,27 @@ def test_launch_config_table_and_autotune_writer(tmp_path, monkeypatch):
             assert G._config(4096, 256, 512)[0] == 32
     finally:
         G.config_table.cache_clear()
+
+
+def test_tma_path_is_taken(monkeypatch):
+    """With TMA allowed, a dense call never reaches the pointer kernel's launcher; a K-offset
+    view (not 16-byte aligned) does. Both paths run the full contract in test_triton_gemm.py."""
+    from rtp_fp8.gemm.triton import block_scaled as G
+    from rtp_fp8.quant import block as B
+    from rtp_fp8.quant import token_group as T
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(4)
+    a, sa = T.per_token_group_quant(torch.randn(64, 512, generator=g).to(torch.bfloat16).to(device), 128,
+                                    scale_layout="col_tma")
+    b, sb = B.quantize_weight_blocks((torch.randn(256, 512, generator=g) / 512**0.5).to(torch.bfloat16).to(device))
+
+    def no_pointer_launch(*args, **kwargs):
+        raise AssertionError("pointer kernel launched")
+
+    monkeypatch.setattr(G, "USE_TMA", True)
+    monkeypatch.setattr(G, "_launch", no_pointer_launch)
+    got = G.fp8_gemm_nt(a, sa, b, sb).float()
+    assert rel_l2(got.cpu(), GR.gemm_nt_ref(a, sa, b, sb).cpu()) < 5e-3
+    with pytest.raises(AssertionError, match="pointer kernel"):
+        G.fp8_gemm_nt(a[:, 8:], sa, b[:, 8:], sb)
