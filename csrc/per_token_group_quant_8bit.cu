@@ -235,12 +235,14 @@ void dispatch_group(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t g
                     int64_t g, float eps, float qmax, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t vectors = group / kVec;  // 16-byte vectors per group
-  // TPG = min(32, vectors) threads per group, VPT = vectors / TPG vectors per thread.
+  // TPG = min(32, vectors) threads per group, VPT = vectors / TPG vectors per thread; except 16
+  // vectors (group 128 of bf16/fp16): 8 threads x 2 vectors, one shuffle step fewer per group
+  // (M=32768 on the H200: 3463 -> 3843 GB/s FP32, 3697 -> 4012 GB/s UE8M0).
 #define RTP_CASE(V, TPG, VPT) \
   if (vectors == V) return launch_typed<T, VPT, TPG, kInt8, kPacked, kPow2>(x, q, s, m, k, g, eps, qmax, stream);
   RTP_CASE(4, 4, 1)
   RTP_CASE(8, 8, 1)
-  RTP_CASE(16, 16, 1)
+  RTP_CASE(16, 8, 2)
   RTP_CASE(32, 32, 1)
   RTP_CASE(64, 32, 2)
   RTP_CASE(128, 32, 4)
