@@ -47,6 +47,30 @@ def _load_scale(ptr, idx, kb, stride_i, stride_k, mask, PACKED: tl.constexpr):
 
 
 @triton.jit
+def _swizzled_tile(t, TILES_M, tiles_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of linear tile t: GROUP_M row tiles are walked together (B reuse in L2)."""
+    width = GROUP_M * tiles_n
+    first_m = (t // width) * GROUP_M
+    size_m = tl.minimum(TILES_M - first_m, GROUP_M)
+    return first_m + (t % width) % size_m, (t % width) // size_m
+
+
+@triton.jit
+def _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk,
+             SB_ROW_DIV: tl.constexpr, PACKED_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc + (a @ b^T) * scale_a * scale_b for one 128-K step. With 128x128 B blocks and
+    BLOCK_N <= 128 the step has one B scale, folded into A's per-row scales, so the promotion
+    is one FMA per accumulator element."""
+    if (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B):
+        sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
+        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * (sa * sb)[:, None]
+    else:
+        sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
+        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+    return acc
+
+
+@triton.jit
 def _tile_expert(grp_ptr, cnt_ptr, rows, rmask, first_row, pid_n, E):
     """Contiguous layout: (expert of the tile = its first row's id, or 0; rows computed; tile
     valid). Column tile 0 counts padding rows (-1) and rows with another or invalid id."""
@@ -82,12 +106,7 @@ def _fp8_gemm_kernel(
         m_limit = tl.minimum(tl.load(grp_ptr + e), M)
     else:
         e = 0
-        width = GROUP_M * tiles_n
-        group_id = pid // width
-        first_m = group_id * GROUP_M
-        size_m = tl.minimum(TILES_M - first_m, GROUP_M)
-        pid_m = first_m + (pid % width) % size_m
-        pid_n = (pid % width) // size_m
+        pid_m, pid_n = _swizzled_tile(pid, TILES_M, tiles_n, GROUP_M)
         m_limit = M
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -111,9 +130,6 @@ def _fp8_gemm_kernel(
     sb_base = sb_ptr + e * stride_sbe
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # 128x128 B blocks and BLOCK_N <= 128: one B scale per K step, folded into A's per-row
-    # scales, so the promotion is one FMA per accumulator element
-    SB_SCALAR: tl.constexpr = (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_base + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
@@ -128,12 +144,8 @@ def _fp8_gemm_kernel(
                         mask=cmask[:, None] & kmask[None, :], other=0.0)
         kb = k0 // 128
         sa = _load_scale(sa_base, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-        if SB_SCALAR:
-            sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
-            acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * (sa * sb)[:, None]
-        else:
-            sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
-            acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+        acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV, PACKED_B,
+                       BLOCK_N)
     if MODE == 1:
         acc = tl.where(row_ok[:, None], acc, 0.0)
     tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
@@ -155,14 +167,8 @@ def _fp8_gemm_tma_kernel(
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = TILES_M * tiles_n
     nk = tl.cdiv(K, BLOCK_K)
-    width = GROUP_M * tiles_n
-    SB_SCALAR: tl.constexpr = (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=True):
-        group_id = tile // width
-        first_m = group_id * GROUP_M
-        size_m = tl.minimum(TILES_M - first_m, GROUP_M)
-        pid_m = first_m + (tile % width) % size_m
-        pid_n = (tile % width) // size_m
+        pid_m, pid_n = _swizzled_tile(tile, TILES_M, tiles_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < M
@@ -179,12 +185,8 @@ def _fp8_gemm_tma_kernel(
                 a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
                 b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
                 sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-                if SB_SCALAR:
-                    sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
-                    acc += tl.dot(a, b.T, out_dtype=tl.float32) * (sa * sb)[:, None]
-                else:
-                    sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
-                    acc += tl.dot(a, b.T, out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+                acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV,
+                               PACKED_B, BLOCK_N)
         if MODE == 1:
             acc = tl.where(row_ok[:, None], acc, 0.0)
         d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
@@ -288,13 +290,15 @@ def _config(m, n, k):
     raise AssertionError("unreachable: the last bucket takes any M")
 
 
+def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    """(expert, row, column) strides; expert stride 0 for a 2-D tensor."""
+    return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 3 else (0, t.stride(0), t.stride(1))
+
+
 def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
-            warps, stages, group_m, a_batched):
-    sa_e, sa_m, sa_k = (sa.stride(0), sa.stride(1), sa.stride(2)) if a_batched else (0, sa.stride(0), sa.stride(1))
-    a_e, a_m, a_k = (a.stride(0), a.stride(1), a.stride(2)) if a_batched else (0, a.stride(0), a.stride(1))
-    d_e, d_m, d_n = (d.stride(0), d.stride(1), d.stride(2)) if a_batched else (0, d.stride(0), d.stride(1))
-    b_e, b_n, b_k = (b.stride(0), b.stride(1), b.stride(2)) if b.dim() == 3 else (0, b.stride(0), b.stride(1))
-    sb_e, sb_n, sb_k = (sb.stride(0), sb.stride(1), sb.stride(2)) if sb.dim() == 3 else (0, sb.stride(0), sb.stride(1))
+            warps, stages, group_m):
+    (a_e, a_m, a_k), (b_e, b_n, b_k), (d_e, d_m, d_n) = _strides3(a), _strides3(b), _strides3(d)
+    (sa_e, sa_m, sa_k), (sb_e, sb_n, sb_k) = _strides3(sa), _strides3(sb)
     _fp8_gemm_kernel[grid](
         a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m,
         a_e, a_m, a_k, b_e, b_n, b_k, d_e, d_m, d_n, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
@@ -330,7 +334,7 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
     progs = tiles if triton_env.interpreting() else min(tiles, _num_sms(a.device.index or 0))
-    sb_e, sb_n, sb_k = (sb.stride(0), sb.stride(1), sb.stride(2)) if sb.dim() == 3 else (0, sb.stride(0), sb.stride(1))
+    sb_e, sb_n, sb_k = _strides3(sb)
     _fp8_gemm_tma_kernel[(progs,)](
         a_desc, b_desc, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
         d.stride(0), d.stride(1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
@@ -359,7 +363,7 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     if not _launch_tma(DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
                        warps, stages, gm):
         _launch((tiles_m * cdiv(n, bn), 1), DENSE, a, b, out, sa, sb, a, a, m, n, k, 1, tiles_m, sb_div, packed_a,
-                packed_b, bm, bn, bk, warps, stages, gm, False)
+                packed_b, bm, bn, bk, warps, stages, gm)
     return out
 
 
@@ -394,7 +398,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
     if not _launch_tma(CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m, sb_div, packed_a,
                        packed_b, bm, bn, bk, warps, stages, gm):
         _launch((tiles_m * cdiv(n, bn), 1), CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m,
-                sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm, False)
+                sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm)
     return out
 
 
@@ -422,5 +426,5 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     tiles_m = cdiv(mmax, bm)
     grid = (tiles_m * cdiv(n, bn), e)
     _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m, mmax, n, k, e, tiles_m, sb_div, packed_a,
-            packed_b, bm, bn, bk, warps, stages, gm, True)
+            packed_b, bm, bn, bk, warps, stages, gm)
     return out
