@@ -78,7 +78,7 @@ def _quantize(x, eps, qmax, AXIS: tl.constexpr, POW2: tl.constexpr, INT8: tl.con
         expo = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (expo << 23).to(tl.float32, bitcast=True)
     s = tl.broadcast_to(tl.expand_dims(scale, AXIS), x.shape)
-    inv = tl.math.div_rn(1.0, s)
+    inv = tl.broadcast_to(tl.expand_dims(tl.math.div_rn(1.0, scale), AXIS), x.shape)  # once per group
     if POW2:
         y = x * inv
     elif special:
@@ -286,12 +286,18 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
             num_warps=warps,
         )
         return
-    block_m, gpp, warps, stages = _config or _launch_config(m, g, group_size, packed)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(g, gpp))
-    _per_token_group_quant_kernel[grid](
+    _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, config=_config)
+
+
+def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None):
+    """The [BLOCK_M, GPP, group] tile kernel over m rows of g groups; up_off > 0: x2 is [g | u]
+    with u at column up_off, quantizing bf16(silu(g) * u)."""
+    block_m, gpp, warps, stages = config or _launch_config(m, g, group_size, packed)
+    _per_token_group_quant_kernel[(triton.cdiv(m, block_m), triton.cdiv(g, gpp))](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
-        OUT_DTYPES[q.dtype], 0, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
-        POW2=pow2, PACKED=packed, INT8=q.dtype == torch.int8, num_warps=warps, num_stages=stages,
+        OUT_DTYPES[q2.dtype], up_off, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
+        POW2=pow2, PACKED=packed, INT8=q2.dtype == torch.int8, SILU_MUL=up_off > 0,
+        CUDA_EXP=not triton_env.interpreting(), num_warps=warps, num_stages=stages,
     )
 
 
@@ -324,13 +330,7 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
     if r == 0:
         return
     packed = scale_layout == "ue8m0"
-    block_m, gpp, warps, stages = _launch_config(r, g, group_size, packed)
-    _per_token_group_quant_kernel[(triton.cdiv(r, block_m), triton.cdiv(g, gpp))](
-        gate_up, q, scales, r, gate_up.stride(0), q.stride(0), scales.stride(0), scales.stride(1), eps,
-        OUT_DTYPES[q.dtype], i, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m, POW2=packed,
-        PACKED=packed, INT8=False, SILU_MUL=True, CUDA_EXP=not triton_env.interpreting(), num_warps=warps,
-        num_stages=stages,
-    )
+    _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i)
 
 
 def per_token_group_quant(x: torch.Tensor, group_size: int = 128, out_dtype: torch.dtype = torch.float8_e4m3fn,
