@@ -14,9 +14,8 @@ import argparse
 import itertools
 
 import torch
-from triton.testing import do_bench_cudagraph
 
-from bench.common import copy_bandwidth_gbs, dump, environment, median_ms
+from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms, median_ms
 from rtp_fp8 import _ext
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import layout as L
@@ -42,7 +41,7 @@ def bench_kernel(m, layout, config=None, check=False, graph=False, backend="trit
         qr, sr = R.per_token_group_quant_ref(x, GROUP, pow2=layout == "ue8m0")
         assert torch.equal(q.view(torch.uint8).cpu(), qr.view(torch.uint8)), "kernel != oracle"
     if graph:  # kernel time without Python launch overhead (how a serving engine replays it)
-        ms = float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+        ms = graph_ms(fn)
     else:
         ms = median_ms(fn)
     return ms, _bytes(m, layout) / (ms * 1e-3) / 1e9
