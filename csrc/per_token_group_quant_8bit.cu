@@ -84,6 +84,23 @@ __device__ __forceinline__ uint32_t pack_int8x4(float a, float b, float c, float
   return w;
 }
 
+// max |v| over a group held by TPG lanes (kElems values each), reduced with shuffles; every
+// lane of the warp must call it. kFiniteOnly skips +-Inf; NaN is dropped either way (fmaxf).
+template <int TPG, int kElems, bool kFiniteOnly>
+__device__ __forceinline__ float group_amax(const float (&v)[kElems]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kElems; ++j) {
+    const float a = fabsf(v[j]);
+    amax = (!kFiniteOnly || a < INFINITY) ? fmaxf(amax, a) : amax;
+  }
+#pragma unroll
+  for (int off = TPG / 2; off > 0; off >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
+  }
+  return amax;
+}
+
 // T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
 __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
@@ -131,30 +148,13 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
 
 #pragma unroll
   for (int it = 0; it < kItemsPerThread; ++it) {
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < kElems; ++j) amax = fmaxf(amax, fabsf(vals[it][j]));  // fmaxf drops NaN
-#pragma unroll
-    for (int off = TPG / 2; off > 0; off >>= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
-    }
+    float amax = group_amax<TPG, kElems, false>(vals[it]);
     // Rare: a group holding +-Inf (its amax is the finite one) or a scale below 2^-60. The
     // branch is warp-uniform (the shuffles need every lane): such a warp redoes the amax
     // without infinities and divides.
     const bool special = amax == INFINITY || fmaxf(amax, eps) < qmax * 0x1p-60f;
     const bool divide = __any_sync(0xffffffffu, special);
-    if (divide) {
-      amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < kElems; ++j) {
-        const float a = fabsf(vals[it][j]);
-        amax = a < INFINITY ? fmaxf(amax, a) : amax;
-      }
-#pragma unroll
-      for (int off = TPG / 2; off > 0; off >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off, TPG));
-      }
-    }
+    if (divide) amax = group_amax<TPG, kElems, true>(vals[it]);
     float scale = __fdiv_rn(fmaxf(amax, eps), qmax);
     if (kPow2) {
       const uint32_t bits = __float_as_uint(scale);
