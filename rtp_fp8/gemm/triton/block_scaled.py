@@ -158,7 +158,7 @@ def _fp8_gemm_tma_kernel(
     stride_dm, stride_dn, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    STAGES: tl.constexpr, HALVES: tl.constexpr = 1,
+    STAGES: tl.constexpr,
 ):
     """Dense and m-grouped contiguous, persistent (NUM_PROGS programs walk the tiles) with TMA
     loads (out-of-range rows and K are zero-filled by the copy engine). B is viewed as
@@ -178,45 +178,19 @@ def _fp8_gemm_tma_kernel(
         tile_valid = True
         if MODE == 1:
             e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
-        if HALVES == 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if tile_valid:
-                sb_base = sb_ptr + e * stride_sbe
-                for kb in tl.range(0, nk, num_stages=STAGES):
-                    a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-                    b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
-                    sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-                    acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk,
-                                   SB_ROW_DIV, PACKED_B, BLOCK_N)
-            if MODE == 1:
-                acc = tl.where(row_ok[:, None], acc, 0.0)
-            d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
-            tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
-        else:
-            # Two independent half-width products per K step: the second one's MMA can run
-            # while the first one is promoted.
-            HN: tl.constexpr = BLOCK_N // 2
-            cols0 = pid_n * BLOCK_N + tl.arange(0, HN)
-            cols1 = cols0 + HN
-            acc0 = tl.zeros((BLOCK_M, HN), dtype=tl.float32)
-            acc1 = tl.zeros((BLOCK_M, HN), dtype=tl.float32)
-            if tile_valid:
-                sb_base = sb_ptr + e * stride_sbe
-                for kb in tl.range(0, nk, num_stages=STAGES):
-                    a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-                    b0 = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
-                    b1 = b_desc.load([e * N + pid_n * BLOCK_N + HN, kb * BLOCK_K])
-                    sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-                    acc0 = _promote(acc0, a, b0, sa, sb_base, pid_n, cols0, cols0 < N, kb, stride_sbn, stride_sbk,
-                                    SB_ROW_DIV, PACKED_B, BLOCK_N)
-                    acc1 = _promote(acc1, a, b1, sa, sb_base, pid_n, cols1, cols1 < N, kb, stride_sbn, stride_sbk,
-                                    SB_ROW_DIV, PACKED_B, BLOCK_N)
-            if MODE == 1:
-                acc0 = tl.where(row_ok[:, None], acc0, 0.0)
-                acc1 = tl.where(row_ok[:, None], acc1, 0.0)
-            d0 = d_ptr + rows[:, None] * stride_dm + cols0[None, :] * stride_dn
-            tl.store(d0, acc0.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & (cols0 < N)[None, :])
-            tl.store(d0 + HN * stride_dn, acc1.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & (cols1 < N)[None, :])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if tile_valid:
+            sb_base = sb_ptr + e * stride_sbe
+            for kb in tl.range(0, nk, num_stages=STAGES):
+                a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+                b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
+                sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
+                acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV,
+                               PACKED_B, BLOCK_N)
+        if MODE == 1:
+            acc = tl.where(row_ok[:, None], acc, 0.0)
+        d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
+        tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -357,18 +331,15 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
 
     b2 = b.reshape(-1, k)  # [E * N, K]
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    extra = _override or {}
-    halves = int(extra.get("HALVES", 1))
-    b_desc = TensorDescriptor.from_tensor(b2, [bn // halves, bk])
+    b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
-    ctas = int(extra.get("CTAS_PER_SM", 1))
-    progs = tiles if triton_env.interpreting() else min(tiles, ctas * _num_sms(a.device.index or 0))
+    progs = tiles if triton_env.interpreting() else min(tiles, _num_sms(a.device.index or 0))
     sb_e, sb_n, sb_k = _strides3(sb)
     _fp8_gemm_tma_kernel[(progs,)](
         a_desc, b_desc, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
         d.stride(0), d.stride(1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, STAGES=stages, HALVES=halves, num_warps=warps,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, STAGES=stages, num_warps=warps,
     )
     return True
 
