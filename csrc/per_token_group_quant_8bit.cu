@@ -31,8 +31,10 @@ namespace rtp_fp8 {
 // static) entities with a per-compilation random id, which would make builds differ.
 namespace ptgq {
 
-constexpr int kBlockThreads = 256;
-constexpr int kItemsPerThread = 2;  // independent groups in flight per thread (2 beat 4 and 8 on the H200)
+// Launch shape: 128 threads, one group in flight per thread (bench/quant_sweep.py on the H200,
+// bf16 group 128: beat 256/512 threads and two groups per thread at M = 128, 4096 and 32768).
+constexpr int kBlockThreads = 128;
+constexpr int kItemsPerThread = 1;
 
 enum class Layout { kRow, kCol, kColTma, kUe8m0 };
 
@@ -101,41 +103,61 @@ __device__ __forceinline__ float group_amax(const float (&v)[kElems]) {
   return amax;
 }
 
+// Item l of block b -> (row, group). Row order: items run along the rows (item = r * gp + g).
+// Column order (column-major FP32 scales): block b holds rows [(b / gp) * R, + R) of group
+// b % gp, so its R scales are consecutive in memory and leave in one coalesced store (one
+// 4-byte store per group costs a write transaction each: measured 10% at M = 32768).
+__device__ __forceinline__ void item_coords(bool col_order, uint32_t b, uint32_t l, uint32_t R, uint32_t gp,
+                                            uint32_t& row, uint32_t& g) {
+  if (col_order) {
+    row = (b / gp) * R + l;
+    g = b % gp;
+  } else {
+    const uint32_t item = b * R + l;
+    row = item / gp;
+    g = item % gp;
+  }
+}
+
 // T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
-template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
-__global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
+// Scales are gathered in shared memory and written by the block's first threads: FP32 ones
+// at their (row, group) address, packed UE8M0 words from four consecutive groups of a row.
+template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
+          int kItems = kItemsPerThread, bool kStream = false>
+__global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
     const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, uint32_t m, int64_t k,
-    uint32_t num_groups, uint32_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax) {
+    uint32_t num_groups, uint32_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax,
+    bool col_order) {
   constexpr int kVec = 16 / sizeof(T);            // elements per 16-byte load
   constexpr int kElems = VPT * kVec;              // elements per thread per group
-  constexpr int kGroupsPerPass = kBlockThreads / TPG;
-  constexpr int kItemsPerBlock = kGroupsPerPass * kItemsPerThread;
+  constexpr int kGroupsPerPass = kThreads / TPG;
+  constexpr int kItemsPerBlock = kGroupsPerPass * kItems;
   static_assert(kItemsPerBlock % 4 == 0, "a UE8M0 word must not straddle blocks");
 
   __shared__ uint8_t exps[kPacked ? kItemsPerBlock : 1];
+  __shared__ float sscale[kPacked ? 1 : kItemsPerBlock];
 
   const int lane_in_group = threadIdx.x % TPG;
   const int sub = threadIdx.x / TPG;
   // 32-bit index math: 64-bit division costs ~100 instructions (the host checks m*G < 2^31).
   const uint32_t items = m * groups_padded;
-  const uint32_t block_base = blockIdx.x * kItemsPerBlock;
+  const uint32_t block_base = blockIdx.x * kItemsPerBlock;  // row order (UE8M0 words)
 
-  float vals[kItemsPerThread][kElems];
-  bool valid[kItemsPerThread];
-  uint32_t rows[kItemsPerThread], gs[kItemsPerThread];
+  float vals[kItems][kElems];
+  bool valid[kItems];
+  uint32_t rows[kItems], gs[kItems];
 
-  // Issue every load first: kItemsPerThread independent 16-byte loads per vector slot.
+  // Issue every load first: kItems independent 16-byte loads per vector slot.
 #pragma unroll
-  for (int it = 0; it < kItemsPerThread; ++it) {
-    const uint32_t item = block_base + it * kGroupsPerPass + sub;
-    rows[it] = item / groups_padded;
-    gs[it] = item % groups_padded;
-    valid[it] = item < items && gs[it] < num_groups;
+  for (int it = 0; it < kItems; ++it) {
+    item_coords(col_order, blockIdx.x, it * kGroupsPerPass + sub, kItemsPerBlock, groups_padded, rows[it], gs[it]);
+    valid[it] = rows[it] < m && gs[it] < num_groups;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
       if (valid[it]) {
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
-        const uint4 raw = *reinterpret_cast<const uint4*>(x + (int64_t)rows[it] * k + col);
+        const uint4* src = reinterpret_cast<const uint4*>(x + (int64_t)rows[it] * k + col);
+        const uint4 raw = kStream ? __ldcs(src) : *src;
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) vals[it][v * kVec + j] = to_float<T>(e[j]);
@@ -147,7 +169,7 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
   }
 
 #pragma unroll
-  for (int it = 0; it < kItemsPerThread; ++it) {
+  for (int it = 0; it < kItems; ++it) {
     float amax = group_amax<TPG, kElems, false>(vals[it]);
     // Rare: a group holding +-Inf (its amax is the finite one) or a scale below 2^-60. The
     // branch is warp-uniform (the shuffles need every lane): such a warp redoes the amax
@@ -186,14 +208,25 @@ __global__ void __launch_bounds__(kBlockThreads) per_token_group_quant_kernel(
       if (lane_in_group == 0) {
         exps[it * kGroupsPerPass + sub] = valid[it] ? static_cast<uint8_t>(__float_as_uint(scale) >> 23) : 0;
       }
-    } else if (valid[it] && lane_in_group == 0) {
-      reinterpret_cast<float*>(scales)[(int64_t)rows[it] * stride_sm + (int64_t)gs[it] * stride_sg] = scale;
+    } else if (lane_in_group == 0) {
+      sscale[it * kGroupsPerPass + sub] = scale;
+    }
+  }
+
+  if (!kPacked) {
+    __syncthreads();
+    for (uint32_t l = threadIdx.x; l < kItemsPerBlock; l += kThreads) {
+      uint32_t row, g;
+      item_coords(col_order, blockIdx.x, l, kItemsPerBlock, groups_padded, row, g);
+      if (row < m && g < num_groups) {
+        reinterpret_cast<float*>(scales)[(int64_t)row * stride_sm + (int64_t)g * stride_sg] = sscale[l];
+      }
     }
   }
 
   if (kPacked) {
     __syncthreads();
-    for (int w = threadIdx.x; w < kItemsPerBlock / 4; w += kBlockThreads) {
+    for (int w = threadIdx.x; w < kItemsPerBlock / 4; w += kThreads) {
       const uint32_t first = block_base + 4 * w;  // items of one word are consecutive and share a row
       if (first >= items) continue;
       const uint32_t word = (uint32_t)exps[4 * w] | ((uint32_t)exps[4 * w + 1] << 8) |
@@ -215,18 +248,23 @@ Layout parse_layout(const std::string& s) {
   return Layout::kRow;  // unreachable
 }
 
-template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2>
+template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
+          int kItems = kItemsPerThread, bool kStream = false>
 void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, int64_t k, int64_t g, float eps,
                   float qmax, cudaStream_t stream) {
   const int64_t gp = kPacked ? align4(g) : g;
-  constexpr int kItemsPerBlock = (kBlockThreads / TPG) * kItemsPerThread;
-  const int64_t blocks = (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
-  TORCH_CHECK(m * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (", m * gp,
-              ") for one launch; split it");
-  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2><<<blocks, kBlockThreads, 0, stream>>>(
+  constexpr int kItemsPerBlock = (kThreads / TPG) * kItems;
+  // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree).
+  const bool col_order = !kPacked && m > 1 && s.stride(0) == 1;
+  const int64_t row_tiles = (m + kItemsPerBlock - 1) / kItemsPerBlock;
+  const int64_t blocks = col_order ? row_tiles * gp : (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
+  TORCH_CHECK(row_tiles * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (",
+              m * gp, ") for one launch; split it");
+  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kStream>
+      <<<blocks, kThreads, 0, stream>>>(
       reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), (uint32_t)m,
       k, (uint32_t)g, (uint32_t)gp,
-      s.stride(0), s.stride(1), eps, qmax);
+      s.stride(0), s.stride(1), eps, qmax, col_order);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -329,9 +367,39 @@ void per_token_group_quant(const at::Tensor& x, at::Tensor& q, at::Tensor& scale
 void per_token_group_quant_meta(const at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const std::string&, bool,
                                 double) {}
 
+#ifdef RTP_FP8_TUNING
+// bench/quant_sweep.py only (-DRTP_FP8_TUNING, a library of its own): group 128 of bf16 -> fp8 with
+// the block size, groups per thread and load cache hint given; the sweep validates its tensors
+// through the real op first.
+void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s, const std::string& scale_layout,
+                               int64_t threads, int64_t items, bool stream_loads) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(1) % 128 == 0, "tuning op: bf16, group 128");
+  const bool packed = parse_layout(scale_layout) == Layout::kUe8m0;
+  const int64_t m = x.size(0), k = x.size(1), g = k / 128;
+  cudaStream_t st = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+#define RTP_CFG(TH, IT, ST)                                                                                  \
+  if (threads == TH && items == IT && stream_loads == ST) {                                                  \
+    if (packed) return launch_typed<__nv_bfloat16, 2, 8, false, true, true, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, \
+                                                                                       448.f, st);          \
+    return launch_typed<__nv_bfloat16, 2, 8, false, false, false, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, 448.f, st); \
+  }
+  RTP_CFG(128, 1, false) RTP_CFG(128, 2, false) RTP_CFG(256, 1, false) RTP_CFG(256, 2, false)
+  RTP_CFG(512, 1, false) RTP_CFG(512, 2, false) RTP_CFG(128, 1, true) RTP_CFG(128, 2, true)
+  RTP_CFG(256, 1, true) RTP_CFG(256, 2, true) RTP_CFG(512, 1, true) RTP_CFG(512, 2, true)
+#undef RTP_CFG
+  TORCH_CHECK(false, "tuning op: no instance for threads=", threads, " items=", items);
+}
+#endif
+
 }  // namespace ptgq
 }  // namespace rtp_fp8
 
+#ifdef RTP_FP8_TUNING
+TORCH_LIBRARY(rtp_fp8_C_tuning, m) {
+  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, bool stream) -> ()");
+}
+TORCH_LIBRARY_IMPL(rtp_fp8_C_tuning, CUDA, m) { m.impl("cfg", &rtp_fp8::ptgq::per_token_group_quant_cfg); }
+#else
 TORCH_LIBRARY(rtp_fp8_C, m) {
   m.def(
       "per_token_group_quant(Tensor x, Tensor(a!) q, Tensor(b!) scales, int group_size, str scale_layout, "
@@ -341,3 +409,4 @@ TORCH_LIBRARY(rtp_fp8_C, m) {
 TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) { m.impl("per_token_group_quant", &rtp_fp8::ptgq::per_token_group_quant); }
 
 TORCH_LIBRARY_IMPL(rtp_fp8_C, Meta, m) { m.impl("per_token_group_quant", &rtp_fp8::ptgq::per_token_group_quant_meta); }
+#endif

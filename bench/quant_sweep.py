@@ -1,0 +1,108 @@
+"""Launch-shape sweep of the CUDA per-token-group kernel (group 128, bf16 -> fp8) on the GPU.
+
+    PYTHONPATH=. python3 bench/quant_sweep.py [--out results.json]
+
+Builds csrc/per_token_group_quant_8bit.cu once more with -DRTP_FP8_TUNING (sm_90a only,
+into a temp folder: a library of its own, `torch.ops.rtp_fp8_C_tuning.cfg`, never shipped)
+and times every compiled (threads per block, groups per thread, streaming loads) instance
+beside the Triton op and the copy ceiling, at M in {128, 4096, 32768}, K=7168. Each
+instance is first checked bit-exact against the shipped op's result. The winners become
+the shipped kernel's launch shapes (csrc), the numbers go to docs/perf.md's notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools import build_ext as B  # noqa: E402
+
+CONFIGS = [(th, it, st) for st in (False, True) for th in (128, 256, 512) for it in (1, 2)]
+
+
+def build_tuning(out_dir: pathlib.Path, compile_only: bool = False) -> pathlib.Path:
+    exe = B.nvcc()
+    cflags, ldflags = B.torch_flags()
+    if compile_only:
+        cflags = cflags + B._cpu_torch_shims(out_dir)
+    src = ROOT / B.SOURCES[0]
+    obj = out_dir / "tuning.o"
+    subprocess.run([exe, *B.COMMON, *B.gencode_flags(["sm_90a"])[:1], *cflags, "-DRTP_FP8_TUNING", "-c", str(src),
+                    "-o", str(obj)], check=True)
+    if compile_only:
+        return obj
+    so = out_dir / "tuning.so"
+    subprocess.run(["g++", "-shared", str(obj), *ldflags, f"-L{B.cuda_library_dir(exe)}", "-lcudart", "-o", str(so)],
+                   check=True)
+    return so
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--compile-only", action="store_true", help="only compile the tuning build (no GPU)")
+    a = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="rtp_fp8_tuning_"))
+    if a.compile_only:
+        print("compiled", build_tuning(tmp, compile_only=True))
+        return
+    import torch
+
+    from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
+    from rtp_fp8.quant import layout as L
+    from rtp_fp8.quant import token_group as T
+
+    torch.ops.load_library(str(build_tuning(tmp)))
+    env = environment()
+    copy = copy_bandwidth_gbs()
+    k = 7168
+    rows = []
+    for m in (128, 4096, 32768):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for layout in ("row", "col_tma", "ue8m0"):
+            want_q, want_s = T.per_token_group_quant(x, 128, scale_layout=layout, backend="cuda")
+            q = torch.empty_like(want_q)
+            s = L.alloc_scales((), m, k // 128, layout, "cuda")
+            nbytes = x.numel() * 2 + q.numel() + s.untyped_storage().nbytes()
+            q2, s2 = torch.empty_like(want_q), L.alloc_scales((), m, k // 128, layout, "cuda")
+            tri = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="triton"))
+            rows.append({"m": m, "layout": layout, "impl": "triton", "us": tri * 1e3,
+                         "gbs": nbytes / (tri * 1e-3) / 1e9})
+            shipped = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="cuda"))
+            rows.append({"m": m, "layout": layout, "impl": "cuda shipped", "us": shipped * 1e3,
+                         "gbs": nbytes / (shipped * 1e-3) / 1e9})
+            for th, it, st in CONFIGS:
+                q.view(torch.uint8).fill_(0x7B)
+                s.view(torch.uint8).fill_(0x7B) if s.is_contiguous() else s.fill_(-1)
+                fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, st)
+                fn()
+                torch.cuda.synchronize()
+                exact = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(
+                    s.view(torch.int32) if s.dtype == torch.float32 else s,
+                    want_s.view(torch.int32) if want_s.dtype == torch.float32 else want_s)
+                ms = graph_ms(fn)
+                rows.append({"m": m, "layout": layout, "impl": f"cuda t{th} i{it}{' cs' if st else ''}",
+                             "us": ms * 1e3, "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
+    for r in rows:
+        r["ratio"] = r["gbs"] / copy
+    if a.out:
+        dump(a.out, {"bench": "quant_sweep", "env": env, "copy_gbs": copy, "results": rows})
+    print(env)
+    print(f"copy {copy:.0f} GB/s")
+    for m in (128, 4096, 32768):
+        for layout in ("row", "col_tma", "ue8m0"):
+            sel = sorted((r for r in rows if r["m"] == m and r["layout"] == layout), key=lambda r: r["us"])
+            print(f"M={m} {layout}: " + ", ".join(
+                f"{r['impl']} {r['us']:.1f}us {r['ratio']:.2f}{'' if r.get('exact', True) else ' INEXACT'}"
+                for r in sel))
+
+
+if __name__ == "__main__":
+    main()
