@@ -47,22 +47,30 @@ def layout_scatter(x, xs, ids, out, out_s, counters):
     return K.ep_scatter(x, xs, ids, lay[1], out, out_s, counters, cursor=lay.cursor)
 
 
-def bench_scatter_gather(t, layout):
+def scatter_setup(t, layout):
+    """(ids, weights, x, x_scales, out, out_scales, counters, local routes, scatter bytes) for T=t."""
     ids, w = routing(t)
     x, xs = T.per_token_group_quant(torch.randn(t, H, device="cuda", dtype=torch.bfloat16), 128, scale_layout=layout)
     cap = K.workspace_rows(t * TOPK, E_LOCAL, ALIGN)
     out = torch.empty(cap, H, dtype=torch.float8_e4m3fn, device="cuda")
     out_s = L.alloc_scales((), cap, H // 128, layout, "cuda", zero=True)
     counters = torch.zeros(2, dtype=torch.int32, device="cuda")
+    local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
+    tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
+    srow = out_s.shape[1] * out_s.element_size()
+    s_bytes = ids.numel() * 4 + tokens_read * (H + srow) + local * (H + srow) + cap * 4 + ids.numel() * 4
+    return ids, w, x, xs, out, out_s, counters, local, s_bytes
+
+
+def bench_scatter_gather(t, layout):
+    ids, w, x, xs, out, out_s, counters, local, s_bytes = scatter_setup(t, layout)
+    cap = out.shape[0]
+    tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
 
     def scatter():
         return layout_scatter(x, xs, ids, out, out_s, counters)
 
     oidx = scatter()
-    local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
-    tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
-    srow = out_s.shape[1] * out_s.element_size()
-    s_bytes = ids.numel() * 4 + tokens_read * (H + srow) + local * (H + srow) + cap * 4 + oidx.numel() * 4
     s_ms = graph_ms(scatter)
     y = torch.randn(cap, H, device="cuda", dtype=torch.bfloat16)
     yo = torch.empty(t, H, device="cuda", dtype=torch.bfloat16)

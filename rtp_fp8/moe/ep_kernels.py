@@ -188,6 +188,17 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
 
 
 @triton.jit
+def _transpose_scales_kernel(tmp_ptr, os_ptr, rows_n, SK, stride_osm, stride_osk, BR: tl.constexpr, BS: tl.constexpr):
+    """Row-major scale rows [rows_n, SK] -> a column-major out_scales, BR consecutive rows per
+    column in one coalesced store."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    so = tl.arange(0, BS)
+    m = (rows[:, None] < rows_n) & (so[None, :] < SK)
+    v = tl.load(tmp_ptr + rows[:, None].to(tl.int64) * SK + so[None, :], mask=m)
+    tl.store(os_ptr + rows[:, None].to(tl.int64) * stride_osm + so[None, :] * stride_osk, v, mask=m)
+
+
+@triton.jit
 def _gather_kernel(y_ptr, w_ptr, oidx_ptr, out_ptr, H, stride_ym, stride_om, TOPK: tl.constexpr, BH: tl.constexpr):
     t = tl.program_id(0)
     h0 = tl.program_id(1) * BH
@@ -311,6 +322,42 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
     return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
+TRANSPOSE_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales go through a row-major copy
+SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T = 256, 4096 and 16384
+
+
+def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
+                    deterministic, *, transpose, num_warps=SCATTER_WARPS):
+    """Token per program: slot atomics, then the row and its scales to each destination.
+
+    transpose: the scale rows are written row-major into a temp [capacity, SK] and moved into
+    the column-major out_scales by one more launch (coalesced). A scale row written straight
+    into a column-major layout is SK separate 4-byte writes (56 at H = 7168): on the H200
+    that took the scatter from 187 to 227 us at T = 16384 (bench/moe_sweep.py). Every row of
+    out_scales is then rewritten: padding rows get unspecified values, as their data rows
+    hold (nothing reads them: their m_indices are -1)."""
+    t, topk = ids.shape
+    h, sk = x.shape[1], x_scales.shape[1]
+    has_ends = ends is not None
+    ends = ends if has_ends else starts
+    dst, dst_m, dst_k = out_scales, out_scales.stride(0), out_scales.stride(1)
+    if transpose:
+        dst = torch.empty(out_scales.shape[0], sk, dtype=out_scales.dtype, device=out_scales.device)
+        dst_m, dst_k = sk, 1
+    _scatter_kernel[(t,)](
+        x, x_scales, ids, rank, starts, ends, cursor, out, dst, oidx, counters,
+        e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
+        dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
+        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
+        num_warps=num_warps,
+    )
+    if transpose:
+        rows_n, br = out_scales.shape[0], 128
+        _transpose_scales_kernel[(triton.cdiv(rows_n, br),)](dst, out_scales, rows_n, sk, out_scales.stride(0),
+                                                             out_scales.stride(1), BR=br,
+                                                             BS=triton.next_power_of_2(max(sk, 1)))
+
+
 def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
                expert_offset: int = 0, deterministic: bool = False):
     """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
@@ -352,13 +399,9 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
         cursor = starts  # placeholder: not read
     elif cursor is None:
         cursor = torch.zeros_like(starts)
-    h, sk = x.shape[1], x_scales.shape[1]
-    _scatter_kernel[(t,)](
-        x, x_scales, ids, rank, starts, ends if ends is not None else starts, cursor, out, out_scales, oidx, counters,
-        e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
-        out_scales.stride(0), out_scales.stride(1), TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        HAS_ENDS=ends is not None, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
-    )
+    col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
+    _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
+                    deterministic, transpose=col_major and n > TRANSPOSE_ROUTES)
     return oidx
 
 

@@ -17,6 +17,15 @@ def layout_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["direct", "transposed"])
+def scale_path(request, monkeypatch):
+    """Both ways column-major scale rows reach out_scales: written in place, and (above
+    TRANSPOSE_ROUTES) through a row-major temp and a coalescing transpose launch."""
+    if request.param == "transposed":
+        monkeypatch.setattr(K, "TRANSPOSE_ROUTES", 0)
+    return request.param
+
+
 def _ids(device, seed, invalid=True):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, E, (T, TOPK), generator=g, dtype=torch.int32)
@@ -197,23 +206,35 @@ def test_masked_layout_with_ep_offset_and_overflow(device, deterministic, layout
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_scatter_moves_packed_ue8m0_column_major_scales(device):
-    """Scale rows are addressed by strides: packed UE8M0 int32, MN-major with a TMA-aligned stride."""
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32], ids=["ue8m0", "fp32"])
+def test_scatter_moves_column_major_scales(device, dtype, scale_path):
+    """Scale rows are addressed by strides: packed UE8M0 int32 or FP32, MN-major with a
+    TMA-aligned input stride; out_scales is a view of a taller column-major buffer whose
+    rows past the capacity (guards, in every column) must stay untouched."""
     g = torch.Generator().manual_seed(13)
-    t, topk, sk = 9, 2, 3
+    t, topk, sk, guard = 9, 2, 3, 5
     ids = torch.randint(0, E, (t, topk), generator=g, dtype=torch.int32).to(device)
+    ids[4, 1] = -1
     cap = K.workspace_rows(t * topk, E, 4)
     _, starts, _, counters = K.ep_layout(ids, E, cap, 4)
     x = torch.randint(0, 120, (t, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
-    xs = torch.empty_strided((t, sk), (1, 12), dtype=torch.int32, device=device)  # stride align(9, 4) = 12
-    xs.copy_(torch.randint(0, 2**31 - 1, (t, sk), generator=g, dtype=torch.int32))
-    os_ = torch.empty_strided((cap, sk), (1, cap), dtype=torch.int32, device=device).fill_(0x7B7B7B7B)
+    xs = torch.empty_strided((t, sk), (1, 12), dtype=dtype, device=device)  # stride align(9, 4) = 12
+    src = torch.randint(0, 2**31 - 1, (t, sk), generator=g, dtype=torch.int32)
+    xs.copy_(src if dtype == torch.int32 else src.float() / 2**20)
+    full = torch.empty_strided((cap + guard, sk), (1, cap + guard), dtype=dtype, device=device)
+    full.fill_(0x7B7B7B7B if dtype == torch.int32 else float("nan"))
     buf = torch.empty(cap, H, dtype=torch.float8_e4m3fn, device=device)
-    oidx = K.ep_scatter(x, xs, ids, starts, buf, os_, counters).cpu()
-    osc, xsc = os_.cpu(), xs.cpu()
+    oidx = K.ep_scatter(x, xs, ids, starts, buf, full[:cap], counters).cpu()
+    osc, xsc, fc = full[:cap].cpu(), xs.cpu(), full.cpu()
     for tt in range(t):
         for k in range(topk):
-            assert torch.equal(osc[int(oidx[tt, k])], xsc[tt])
+            d = int(oidx[tt, k])
+            assert (d >= 0) == (int(ids[tt, k]) >= 0)
+            if d >= 0:
+                assert torch.equal(osc[d], xsc[tt]) and torch.equal(buf[d].view(torch.uint8).cpu(),
+                                                                    x[tt].view(torch.uint8).cpu())
+    guards = fc[cap:]
+    assert bool((guards == 0x7B7B7B7B).all()) if dtype == torch.int32 else bool(torch.isnan(guards).all())
 
 
 def test_scatter_and_layout_bad_input():

@@ -1,0 +1,88 @@
+"""Launch-shape sweep of the EP scatter on the GPU (the choice behind ep_kernels.SCATTER_WARPS
+and TRANSPOSE_ROUTES).
+
+    PYTHONPATH=. python3 bench/moe_sweep.py [--out results.json]
+
+bench/moe.py's setting (H=7168, topk=8, 32 local experts of 64, FP8 rows, T in {256, 4096,
+16384}): the scatter kernel at 4/8/16 warps, col_tma scale rows written in place or through
+the row-major temp + transpose, and row-major scales for comparison. (An earlier sweep also
+timed a split scatter, slots then a tokens x row-chunks copy: slower at every T, dropped.)
+Every variant's result is checked (each route's row and scales where its output_index
+says) before it is timed. Ceilings measured in the same run: the copy bandwidth and a
+write-only fill of the scatter's written bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
+from bench.moe import ALIGN, E_GLOBAL, E_LOCAL, TOPK, H, scatter_setup
+from rtp_fp8.moe import ep_kernels as K
+
+VARIANTS = [(transpose, w) for transpose in (False, True) for w in (4, 8, 16)]
+
+
+def run(t, layout):
+    ids, _, x, xs, out, out_s, counters, local, nbytes = scatter_setup(t, layout)
+    cap = out.shape[0]
+    srow = out_s.shape[1] * out_s.element_size()
+    tok = torch.arange(t, device="cuda").repeat_interleave(TOPK)
+    rows = []
+    for transpose, warps in VARIANTS:
+        if transpose and layout == "row":
+            continue
+
+        def call(transpose=transpose, warps=warps):
+            lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+            oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
+            K._scatter_launch(x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0,
+                              False, transpose=transpose, num_warps=warps)
+            return oidx
+
+        out.view(torch.uint8).fill_(0x7B)
+        oidx = call().view(-1)
+        ok = oidx >= 0
+        exact = bool(int(ok.sum()) == local and torch.equal(out.view(torch.uint8)[oidx[ok].long()],
+                                                            x.view(torch.uint8)[tok[ok]])
+                     and torch.equal(out_s[oidx[ok].long()], xs[tok[ok]]))
+        ms = graph_ms(call)
+        rows.append({"t": t, "layout": layout, "transpose": transpose, "warps": warps, "us": ms * 1e3,
+                     "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
+    wbytes = local * (H + srow)
+    w = out.view(torch.uint8).view(-1)[: local * H]
+    fill = graph_ms(lambda: w.fill_(3))
+    return rows, {"t": t, "layout": layout, "write_only_gbs": local * H / (fill * 1e-3) / 1e9, "written": wbytes}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    env = environment()
+    copy = copy_bandwidth_gbs()
+    rows, fills = [], []
+    for t in (256, 4096, 16384):
+        for layout in ("col_tma", "row"):
+            r, f = run(t, layout)
+            rows += r
+            fills.append(f)
+    for r in rows:
+        r["ratio"] = r["gbs"] / copy
+    if a.out:
+        dump(a.out, {"bench": "moe_sweep", "env": env, "copy_gbs": copy, "results": rows, "fills": fills})
+    print(env)
+    print(f"copy {copy:.0f} GB/s; write-only fill: " +
+          ", ".join(f"T={f['t']} {f['layout']} {f['write_only_gbs']:.0f}" for f in fills))
+    for t in (256, 4096, 16384):
+        for layout in ("col_tma", "row"):
+            sel = sorted((r for r in rows if r["t"] == t and r["layout"] == layout), key=lambda r: r["us"])
+            print(f"T={t} {layout}: " + ", ".join(
+                f"{'transposed' if r['transpose'] else 'direct'}/w{r['warps']} {r['us']:.1f}us "
+                f"{r['gbs']:.0f}{'' if r['exact'] else ' WRONG'}" for r in sel))
+
+
+if __name__ == "__main__":
+    main()
