@@ -48,7 +48,7 @@ def layout_scatter(x, xs, ids, out, out_s, counters):
 
 
 def scatter_setup(t, layout):
-    """(ids, weights, x, x_scales, out, out_scales, counters, local routes, scatter bytes) for T=t."""
+    """(ids, weights, x, x_scales, out, out_scales, counters, local routes, tokens read, scatter bytes)."""
     ids, w = routing(t)
     x, xs = T.per_token_group_quant(torch.randn(t, H, device="cuda", dtype=torch.bfloat16), 128, scale_layout=layout)
     cap = K.workspace_rows(t * TOPK, E_LOCAL, ALIGN)
@@ -59,13 +59,12 @@ def scatter_setup(t, layout):
     tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
     srow = out_s.shape[1] * out_s.element_size()
     s_bytes = ids.numel() * 4 + tokens_read * (H + srow) + local * (H + srow) + cap * 4 + ids.numel() * 4
-    return ids, w, x, xs, out, out_s, counters, local, s_bytes
+    return ids, w, x, xs, out, out_s, counters, local, tokens_read, s_bytes
 
 
 def bench_scatter_gather(t, layout):
-    ids, w, x, xs, out, out_s, counters, local, s_bytes = scatter_setup(t, layout)
+    ids, w, x, xs, out, out_s, counters, local, tokens_read, s_bytes = scatter_setup(t, layout)
     cap = out.shape[0]
-    tokens_read = int(((ids >= 0) & (ids < E_LOCAL)).any(dim=1).sum())
 
     def scatter():
         return layout_scatter(x, xs, ids, out, out_s, counters)

@@ -338,6 +338,7 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
     hold (nothing reads them: their m_indices are -1)."""
     t, topk = ids.shape
     h, sk = x.shape[1], x_scales.shape[1]
+    bs = triton.next_power_of_2(max(sk, 1))
     has_ends = ends is not None
     ends = ends if has_ends else starts
     dst, dst_m, dst_k = out_scales, out_scales.stride(0), out_scales.stride(1)
@@ -348,14 +349,12 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
         x, x_scales, ids, rank, starts, ends, cursor, out, dst, oidx, counters,
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
-        num_warps=num_warps,
+        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=bs, num_warps=num_warps,
     )
     if transpose:
         rows_n, br = out_scales.shape[0], 128
         _transpose_scales_kernel[(triton.cdiv(rows_n, br),)](dst, out_scales, rows_n, sk, out_scales.stride(0),
-                                                             out_scales.stride(1), BR=br,
-                                                             BS=triton.next_power_of_2(max(sk, 1)))
+                                                             out_scales.stride(1), BR=br, BS=bs)
 
 
 def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
