@@ -15,14 +15,17 @@ write-only fill of the scatter's written bytes.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
+import triton
 
 from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
 from bench.moe import ALIGN, E_GLOBAL, E_LOCAL, TOPK, H, scatter_setup
 from rtp_fp8.moe import ep_kernels as K
 
-VARIANTS = [(transpose, w) for transpose in (False, True) for w in (4, 8, 16)]
+VARIANTS = ([(transpose, w, "") for transpose in (False, True) for w in (4, 8, 16)]
+            + [(True, 8, ".cs"), (False, 8, ".cs")])  # .cs: streaming row stores
 
 
 def run(t, layout):
@@ -30,15 +33,15 @@ def run(t, layout):
     cap = out.shape[0]
     tok = torch.arange(t, device="cuda").repeat_interleave(TOPK)
     rows = []
-    for transpose, warps in VARIANTS:
+    for transpose, warps, cm in VARIANTS:
         if transpose and layout == "row":
             continue
 
-        def call(transpose=transpose, warps=warps):
+        def call(transpose=transpose, warps=warps, cm=cm):
             lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
             oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
             K._scatter_launch(x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0,
-                              False, transpose=transpose, num_warps=warps)
+                              False, transpose=transpose, num_warps=warps, store_cm=cm)
             return oidx
 
         out.view(torch.uint8).fill_(0x7B)
@@ -48,11 +51,28 @@ def run(t, layout):
                                                             x.view(torch.uint8)[tok[ok]])
                      and torch.equal(out_s[oidx[ok].long()], xs[tok[ok]]))
         ms = graph_ms(call)
-        rows.append({"t": t, "layout": layout, "transpose": transpose, "warps": warps, "us": ms * 1e3,
+        rows.append({"t": t, "layout": layout, "transpose": transpose, "warps": warps, "store": cm, "us": ms * 1e3,
                      "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
     w = out.view(torch.uint8).view(-1)[: local * H]
     fill = graph_ms(lambda: w.fill_(3))
-    return rows, {"t": t, "layout": layout, "write_only_gbs": w.numel() / (fill * 1e-3) / 1e9, "filled": w.numel()}
+    # Where the shipped path's time goes: the layout launches, the scatter launch alone (its
+    # cursor re-zeroed, a memset timed apart), the transpose launch alone.
+    lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
+    oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
+    transpose = layout != "row" and t * TOPK > K.TRANSPOSE_ROUTES
+    parts = {"layout_us": graph_ms(lambda: K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL,
+                                                       counters=counters)) * 1e3,
+             "memset_us": graph_ms(lambda: lay.cursor.zero_()) * 1e3,
+             "scatter_only_us": graph_ms(lambda: (lay.cursor.zero_(), K._scatter_launch(
+                 x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0, False,
+                 transpose=False))) * 1e3}
+    if transpose:
+        tmp = torch.empty(cap, triton.next_power_of_2(xs.shape[1]), dtype=xs.dtype, device="cuda")
+        for br, warps in ((128, 4), (64, 4), (32, 4), (64, 8), (32, 2)):
+            parts[f"transpose_r{br}w{warps}_us"] = graph_ms(functools.partial(K._transpose_scales, tmp, out_s, br,
+                                                                              warps)) * 1e3
+    return rows, {"t": t, "layout": layout, "write_only_gbs": w.numel() / (fill * 1e-3) / 1e9, "filled": w.numel(),
+                  **parts}
 
 
 def main():
@@ -74,11 +94,14 @@ def main():
     print(env)
     print(f"copy {copy:.0f} GB/s; write-only fill: " +
           ", ".join(f"T={f['t']} {f['layout']} {f['write_only_gbs']:.0f}" for f in fills))
+    for f in fills:
+        print(f"T={f['t']} {f['layout']} parts (us): " + ", ".join(f"{k} {v:.1f}" for k, v in f.items()
+                                                                  if k.endswith("_us")))
     for t in (256, 4096, 16384):
         for layout in ("col_tma", "row"):
             sel = sorted((r for r in rows if r["t"] == t and r["layout"] == layout), key=lambda r: r["us"])
             print(f"T={t} {layout}: " + ", ".join(
-                f"{'transposed' if r['transpose'] else 'direct'}/w{r['warps']} {r['us']:.1f}us "
+                f"{'transposed' if r['transpose'] else 'direct'}/w{r['warps']}{r['store']} {r['us']:.1f}us "
                 f"{r['gbs']:.0f}{'' if r['exact'] else ' WRONG'}" for r in sel))
 
 

@@ -44,12 +44,21 @@ def _local(ids, E_OFF, E, NG):
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.constexpr, EB: tl.constexpr,
+                  HIST: tl.constexpr):
+    """counts[e] += local ids == e. HIST: the block's counts are summed in registers first
+    (one atomic per expert per program instead of one per id: with few experts, thousands of
+    same-address atomics serialize)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     ids = tl.load(ids_ptr + offs, mask=m, other=0)
     loc, is_local, invalid = _local(ids, E_OFF, E, NG)
-    tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m, sem="relaxed")
+    if HIST:
+        e = tl.arange(0, EB)
+        hit = (loc[:, None] == e[None, :]) & (is_local & m)[:, None]
+        tl.atomic_add(counts_ptr + e, tl.sum(hit.to(tl.int32), axis=0), mask=e < E, sem="relaxed")
+    else:
+        tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m, sem="relaxed")
     tl.atomic_add(counters_ptr, tl.sum((m & invalid).to(tl.int32), axis=0), sem="relaxed")
 
 
@@ -141,7 +150,7 @@ def _det_rank_kernel(ids_ptr, base_ptr, rank_ptr, n, E, E_OFF, BLOCK: tl.constex
 def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr,
                     counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
                     stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, HAS_ENDS: tl.constexpr,
-                    BH: tl.constexpr, BS: tl.constexpr):
+                    BH: tl.constexpr, BS: tl.constexpr, STORE_CM: tl.constexpr = ""):
     t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
     k = tl.arange(0, KB)
     km = k < TOPK
@@ -176,7 +185,7 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
         for kk in tl.static_range(TOPK):
             d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
             if d >= 0:
-                tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=offs < H)
+                tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=offs < H, cache_modifier=STORE_CM)
                 tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm)
         for h0 in range(BH, H, BH):  # rows longer than BH
             offs2 = h0 + tl.arange(0, BH)
@@ -184,17 +193,18 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
             for kk in tl.static_range(TOPK):
                 d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
                 if d >= 0:
-                    tl.store(out_ptr + d.to(tl.int64) * stride_om + offs2, v2, mask=offs2 < H)
+                    tl.store(out_ptr + d.to(tl.int64) * stride_om + offs2, v2, mask=offs2 < H, cache_modifier=STORE_CM)
 
 
 @triton.jit
 def _transpose_scales_kernel(tmp_ptr, os_ptr, rows_n, SK, stride_osm, stride_osk, BR: tl.constexpr, BS: tl.constexpr):
-    """Row-major scale rows [rows_n, SK] -> a column-major out_scales, BR consecutive rows per
-    column in one coalesced store."""
+    """Row-major scale rows [rows_n, >= SK] (row stride BS, a power of two, so that rows load as
+    aligned vectors) -> a column-major out_scales, BR consecutive rows per column in one
+    coalesced store."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     so = tl.arange(0, BS)
     m = (rows[:, None] < rows_n) & (so[None, :] < SK)
-    v = tl.load(tmp_ptr + rows[:, None].to(tl.int64) * SK + so[None, :], mask=m)
+    v = tl.load(tmp_ptr + rows[:, None].to(tl.int64) * BS + so[None, :], mask=m)
     tl.store(os_ptr + rows[:, None].to(tl.int64) * stride_osm + so[None, :] * stride_osk, v, mask=m)
 
 
@@ -263,13 +273,19 @@ def _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max
     return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
+HIST_EXPERTS = 64  # up to this many local experts the count kernel sums each block in registers
+
+
 def _counts(topk_ids, num_experts, expert_offset, ng, counters):
     dev = topk_ids.device
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
     if ids.numel():
-        _count_kernel[(triton.cdiv(ids.numel(), 1024),)](ids, counts, counters, ids.numel(), num_experts,
-                                                         expert_offset, ng, BLOCK=1024)
+        eb = triton.next_power_of_2(num_experts)
+        hist = eb <= HIST_EXPERTS
+        blk = max(16, min(1024, 8192 // eb)) if hist else 1024
+        _count_kernel[(triton.cdiv(ids.numel(), blk),)](ids, counts, counters, ids.numel(), num_experts,
+                                                        expert_offset, ng, BLOCK=blk, EB=eb, HIST=hist)
     return counts, counters
 
 
@@ -323,11 +339,23 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
 
 
 TRANSPOSE_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales go through a row-major copy
+SCATTER_STORE = ""  # cache modifier of the row stores ("" = default write-back)
 SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T = 256, 4096 and 16384
 
 
+TRANSPOSE_ROWS, TRANSPOSE_WARPS = 128, 4
+
+
+def _transpose_scales(tmp, out_scales, br=None, warps=None):
+    rows_n, sk = out_scales.shape
+    br, warps = br or TRANSPOSE_ROWS, warps or TRANSPOSE_WARPS
+    _transpose_scales_kernel[(triton.cdiv(rows_n, br),)](tmp, out_scales, rows_n, sk, out_scales.stride(0),
+                                                         out_scales.stride(1), BR=br,
+                                                         BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
+
+
 def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-                    deterministic, *, transpose, num_warps=SCATTER_WARPS):
+                    deterministic, *, transpose, num_warps=SCATTER_WARPS, store_cm=SCATTER_STORE):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
     transpose: the scale rows are written row-major into a temp [capacity, SK] and moved into
@@ -343,18 +371,16 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
     ends = ends if has_ends else starts
     dst, dst_m, dst_k = out_scales, out_scales.stride(0), out_scales.stride(1)
     if transpose:
-        dst = torch.empty(out_scales.shape[0], sk, dtype=out_scales.dtype, device=out_scales.device)
-        dst_m, dst_k = sk, 1
+        dst = torch.empty(out_scales.shape[0], bs, dtype=out_scales.dtype, device=out_scales.device)
+        dst_m, dst_k = bs, 1
     _scatter_kernel[(t,)](
         x, x_scales, ids, rank, starts, ends, cursor, out, dst, oidx, counters,
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=bs, num_warps=num_warps,
+        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=bs, STORE_CM=store_cm, num_warps=num_warps,
     )
     if transpose:
-        rows_n, br = out_scales.shape[0], 128
-        _transpose_scales_kernel[(triton.cdiv(rows_n, br),)](dst, out_scales, rows_n, sk, out_scales.stride(0),
-                                                             out_scales.stride(1), BR=br, BS=bs)
+        _transpose_scales(dst, out_scales)
 
 
 def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
