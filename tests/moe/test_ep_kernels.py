@@ -256,3 +256,22 @@ def test_scatter_and_layout_bad_input():
         K.ep_layout(ids, E, 64, 512)
     with pytest.raises(ValueError, match="counters must be"):
         K.ep_layout(ids, E, 64, 64, counters=torch.zeros(3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_experts,hist_limit", [(8, 64), (8, 0), (100, 64)])
+def test_counts_both_count_paths(device, num_experts, hist_limit, monkeypatch):
+    """Per-expert counts and the invalid-id counter are exact whether the count kernel sums
+    each block in registers (num_experts <= HIST_EXPERTS) or issues one atomic per id."""
+    monkeypatch.setattr(K, "HIST_EXPERTS", hist_limit)
+    g = torch.Generator().manual_seed(11)
+    ng = num_experts + 16  # ids of another rank's experts: skipped, not counted as invalid
+    ids = torch.randint(-3, ng + 3, (301, 6), generator=g, dtype=torch.int32)
+    flat = ids.view(-1).long()
+    want = torch.bincount(flat[(flat >= 0) & (flat < num_experts)], minlength=num_experts).int()
+    invalid = int(((flat < 0) | (flat >= ng)).sum())
+    counters = torch.full((2,), 0, dtype=torch.int32, device=device)
+    counts, _, _, counters = K.ep_layout(ids.to(device), num_experts, 4096, 1, num_global_experts=ng,
+                                         counters=counters)
+    assert torch.equal(counts.cpu(), want)
+    assert counters.cpu().tolist() == [invalid, 0]
