@@ -44,6 +44,12 @@ def _local(ids, E_OFF, E, NG):
 
 
 @triton.jit
+def _block_counts(loc, ok, e):
+    """[EB] ids per local expert e among this block's ids (loc where ok), summed in registers."""
+    return tl.sum(((loc[:, None] == e[None, :]) & ok[:, None]).to(tl.int32), axis=0)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.constexpr, EB: tl.constexpr,
                   HIST: tl.constexpr):
     """counts[e] += local ids == e. HIST: the block's counts are summed in registers first
@@ -55,8 +61,7 @@ def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.
     loc, is_local, invalid = _local(ids, E_OFF, E, NG)
     if HIST:
         e = tl.arange(0, EB)
-        hit = (loc[:, None] == e[None, :]) & (is_local & m)[:, None]
-        tl.atomic_add(counts_ptr + e, tl.sum(hit.to(tl.int32), axis=0), mask=e < E, sem="relaxed")
+        tl.atomic_add(counts_ptr + e, _block_counts(loc, is_local & m, e), mask=e < E, sem="relaxed")
     else:
         tl.atomic_add(counts_ptr + loc, tl.where(is_local & m, 1, 0), mask=is_local & m, sem="relaxed")
     tl.atomic_add(counters_ptr, tl.sum((m & invalid).to(tl.int32), axis=0), sem="relaxed")
@@ -106,8 +111,7 @@ def _small_masked_layout_kernel(ids_ptr, counts_ptr, starts_ptr, cursor_ptr, end
         offs = i0 + tl.arange(0, BLOCK)
         m = offs < n
         loc, is_local, bad = _local(tl.load(ids_ptr + offs, mask=m, other=0), E_OFF, E, NG)
-        hit = (loc[:, None] == e[None, :]) & (is_local & m)[:, None]
-        counts += tl.sum(hit.to(tl.int32), axis=0)
+        counts += _block_counts(loc, is_local & m, e)
         invalid += (bad & m).to(tl.int32)
     tl.atomic_add(counters_ptr, tl.sum(invalid, axis=0))
     tl.store(counts_ptr + e, counts, mask=emask)
@@ -268,12 +272,16 @@ def _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max
     counts, starts, cursor, ends, masked_m = plan.unbind(0)
     eb = triton.next_power_of_2(num_experts)
     _small_masked_layout_kernel[(1,)](ids, counts, starts, cursor, ends, masked_m, counters, ids.numel(),
-                                      num_experts, expert_offset, ng, max_m, EB=eb,
-                                      BLOCK=max(16, min(1024, 8192 // eb)))
+                                      num_experts, expert_offset, ng, max_m, EB=eb, BLOCK=_hist_block(eb))
     return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
 HIST_EXPERTS = 64  # up to this many local experts the count kernel sums each block in registers
+
+
+def _hist_block(eb: int) -> int:
+    """Ids per block summed in registers by _block_counts: its [BLOCK, eb] compare stays <= 8192."""
+    return max(16, min(1024, 8192 // eb))
 
 
 def _counts(topk_ids, num_experts, expert_offset, ng, counters):
@@ -283,7 +291,7 @@ def _counts(topk_ids, num_experts, expert_offset, ng, counters):
     if ids.numel():
         eb = triton.next_power_of_2(num_experts)
         hist = eb <= HIST_EXPERTS
-        blk = max(16, min(1024, 8192 // eb)) if hist else 1024
+        blk = _hist_block(eb) if hist else 1024
         _count_kernel[(triton.cdiv(ids.numel(), blk),)](ids, counts, counters, ids.numel(), num_experts,
                                                         expert_offset, ng, BLOCK=blk, EB=eb, HIST=hist)
     return counts, counters
@@ -341,9 +349,7 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
 TRANSPOSE_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales go through a row-major copy
 SCATTER_STORE = ""  # cache modifier of the row stores ("" = default write-back)
 SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T = 256, 4096 and 16384
-
-
-TRANSPOSE_ROWS, TRANSPOSE_WARPS = 128, 4
+TRANSPOSE_ROWS, TRANSPOSE_WARPS = 128, 4  # the sweep: 32-128 rows, 2-8 warps all within 1 us at T = 16384
 
 
 def _transpose_scales(tmp, out_scales, br=None, warps=None):
@@ -358,7 +364,7 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
                     deterministic, *, transpose, num_warps=SCATTER_WARPS, store_cm=SCATTER_STORE):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
-    transpose: the scale rows are written row-major into a temp [capacity, SK] and moved into
+    transpose: the scale rows are written row-major into a temp [capacity, BS] and moved into
     the column-major out_scales by one more launch (coalesced). A scale row written straight
     into a column-major layout is SK separate 4-byte writes (56 at H = 7168): on the H200
     that took the scatter from 187 to 227 us at T = 16384 (bench/moe_sweep.py). Every row of

@@ -1,8 +1,8 @@
 """MoE executors under CUDA graphs (H200): capture once, replay with inputs and routing
 written in place (uniform; every token on one local expert; all -1); each replay equals an
 eager call of the same executor, and the device counters grow by exactly the dropped routes.
-Shapes: large batch (T=128, E=128, contiguous; scales direct and transposed) and decode (T in {1, 2}, 256 experts over
-EP=4, this rank owning [64, 128), masked)."""
+Shapes: large batch (T=128, E=128, contiguous; scales direct and transposed) and decode
+(T in {1, 2}, 256 experts over EP=4, this rank owning [64, 128), masked)."""
 
 import pytest
 import torch

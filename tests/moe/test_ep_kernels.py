@@ -270,7 +270,7 @@ def test_counts_both_count_paths(device, num_experts, hist_limit, monkeypatch):
     flat = ids.view(-1).long()
     want = torch.bincount(flat[(flat >= 0) & (flat < num_experts)], minlength=num_experts).int()
     invalid = int(((flat < 0) | (flat >= ng)).sum())
-    counters = torch.full((2,), 0, dtype=torch.int32, device=device)
+    counters = torch.zeros(2, dtype=torch.int32, device=device)
     counts, _, _, counters = K.ep_layout(ids.to(device), num_experts, 4096, 1, num_global_experts=ng,
                                          counters=counters)
     assert torch.equal(counts.cpu(), want)
