@@ -1,11 +1,11 @@
 """Launch-shape sweep of the EP scatter on the GPU (the choice behind ep_kernels.SCATTER_WARPS
-and TRANSPOSE_ROUTES).
+and ROW_MAP_ROUTES).
 
     PYTHONPATH=. python3 bench/moe_sweep.py [--out results.json]
 
 bench/moe.py's setting (H=7168, topk=8, 32 local experts of 64, FP8 rows, T in {256, 4096,
 16384}): the scatter kernel at 4/8/16 warps, col_tma scale rows written in place or through
-the row-major temp + transpose, and row-major scales for comparison. (An earlier sweep also
+the row map + a by-row scale launch, and row-major scales for comparison. (An earlier sweep also
 timed a split scatter, slots then a tokens x row-chunks copy: slower at every T, dropped.)
 Every variant's result is checked (each route's row and scales where its output_index
 says) before it is timed. Ceilings measured in the same run: the copy bandwidth and a
@@ -18,13 +18,12 @@ import argparse
 import functools
 
 import torch
-import triton
 
 from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
 from bench.moe import ALIGN, E_GLOBAL, E_LOCAL, TOPK, H, scatter_setup
 from rtp_fp8.moe import ep_kernels as K
 
-VARIANTS = ([(transpose, w, "") for transpose in (False, True) for w in (4, 8, 16)]
+VARIANTS = ([(row_map, w, "") for row_map in (False, True) for w in (4, 8, 16)]
             + [(True, 8, ".cs"), (False, 8, ".cs")])  # .cs: streaming row stores
 
 
@@ -33,15 +32,18 @@ def run(t, layout):
     cap = out.shape[0]
     tok = torch.arange(t, device="cuda").repeat_interleave(TOPK)
     rows = []
-    for transpose, warps, cm in VARIANTS:
-        if transpose and layout == "row":
+    for row_map, warps, cm in VARIANTS:
+        if row_map and layout == "row":
             continue
 
-        def call(transpose=transpose, warps=warps, cm=cm):
+        def call(row_map=row_map, warps=warps, cm=cm):
             lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
             oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
+            rmap = torch.empty(cap, dtype=torch.int32, device="cuda") if row_map else None
             K._scatter_launch(x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0,
-                              False, transpose=transpose, num_warps=warps, store_cm=cm)
+                              False, row_map=rmap, num_warps=warps, store_cm=cm)
+            if row_map:
+                K._scales_by_row(rmap, xs, out_s)
             return oidx
 
         out.view(torch.uint8).fill_(0x7B)
@@ -51,26 +53,29 @@ def run(t, layout):
                                                             x.view(torch.uint8)[tok[ok]])
                      and torch.equal(out_s[oidx[ok].long()], xs[tok[ok]]))
         ms = graph_ms(call)
-        rows.append({"t": t, "layout": layout, "transpose": transpose, "warps": warps, "store": cm, "us": ms * 1e3,
+        rows.append({"t": t, "layout": layout, "row_map": row_map, "warps": warps, "store": cm, "us": ms * 1e3,
                      "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
     w = out.view(torch.uint8).view(-1)[: local * H]
     fill = graph_ms(lambda: w.fill_(3))
     # Where the shipped path's time goes: the layout launches, the scatter launch alone (its
-    # cursor re-zeroed, a memset timed apart), the transpose launch alone.
+    # cursor re-zeroed, a memset timed apart; with the row map when the shipped path uses it),
+    # the by-row scale launch alone (from x_scales as given and from a row-major copy).
     lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
     oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
-    transpose = layout != "row" and t * TOPK > K.TRANSPOSE_ROUTES
+    row_map = layout != "row" and t * TOPK > K.ROW_MAP_ROUTES
+    rmap = torch.empty(cap, dtype=torch.int32, device="cuda")
     parts = {"layout_us": graph_ms(lambda: K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL,
                                                        counters=counters)) * 1e3,
              "memset_us": graph_ms(lambda: lay.cursor.zero_()) * 1e3,
              "scatter_only_us": graph_ms(lambda: (lay.cursor.zero_(), K._scatter_launch(
-                 x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0, False,
-                 transpose=False))) * 1e3}
-    if transpose:
-        tmp = torch.empty(cap, triton.next_power_of_2(xs.shape[1]), dtype=xs.dtype, device="cuda")
-        for br, warps in ((128, 4), (64, 4), (32, 4), (64, 8), (32, 2)):
-            parts[f"transpose_r{br}w{warps}_us"] = graph_ms(functools.partial(K._transpose_scales, tmp, out_s, br,
-                                                                              warps)) * 1e3
+                 x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters,
+                 E_LOCAL, 0, False, row_map=rmap if row_map else None))) * 1e3}
+    if row_map:
+        xs_row = xs.contiguous()
+        for br, warps in ((128, 4), (64, 4), (32, 4), (64, 8), (256, 8)):
+            for name, src in (("", xs), ("_rowsrc", xs_row)):
+                parts[f"scales_r{br}w{warps}{name}_us"] = graph_ms(functools.partial(
+                    K._scales_by_row, rmap, src, out_s, br, warps)) * 1e3
     return rows, {"t": t, "layout": layout, "write_only_gbs": w.numel() / (fill * 1e-3) / 1e9, "filled": w.numel(),
                   **parts}
 
@@ -101,7 +106,7 @@ def main():
         for layout in ("col_tma", "row"):
             sel = sorted((r for r in rows if r["t"] == t and r["layout"] == layout), key=lambda r: r["us"])
             print(f"T={t} {layout}: " + ", ".join(
-                f"{'transposed' if r['transpose'] else 'direct'}/w{r['warps']}{r['store']} {r['us']:.1f}us "
+                f"{'row_map' if r['row_map'] else 'direct'}/w{r['warps']}{r['store']} {r['us']:.1f}us "
                 f"{r['gbs']:.0f}{'' if r['exact'] else ' WRONG'}" for r in sel))
 
 

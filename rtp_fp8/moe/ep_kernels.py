@@ -154,7 +154,9 @@ def _det_rank_kernel(ids_ptr, base_ptr, rank_ptr, n, E, E_OFF, BLOCK: tl.constex
 def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr,
                     counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
                     stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, HAS_ENDS: tl.constexpr,
-                    BH: tl.constexpr, BS: tl.constexpr, STORE_CM: tl.constexpr = ""):
+                    BH: tl.constexpr, BS: tl.constexpr, ROW_MAP: tl.constexpr, STORE_CM: tl.constexpr = ""):
+    """ROW_MAP: os_ptr is an int32 row map [cap]: each written row gets its token's index (the
+    scales follow in _scales_by_row_kernel); otherwise each written row gets its scale row."""
     t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
     k = tl.arange(0, KB)
     km = k < TOPK
@@ -170,7 +172,8 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
         v = tl.load(src + offs, mask=offs < H, eviction_policy="evict_first")
         so = tl.arange(0, BS)
         sm = so < SK
-        sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+        if not ROW_MAP:
+            sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
         if DET:
             slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
         else:
@@ -190,7 +193,10 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
             d = tl.sum(tl.where(k == kk, dest, 0), axis=0)
             if d >= 0:
                 tl.store(out_ptr + d.to(tl.int64) * stride_om + offs, v, mask=offs < H, cache_modifier=STORE_CM)
-                tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm)
+                if ROW_MAP:
+                    tl.store(os_ptr + d, t)
+                else:
+                    tl.store(os_ptr + d.to(tl.int64) * stride_osm + so * stride_osk, sv, mask=sm)
         for h0 in range(BH, H, BH):  # rows longer than BH
             offs2 = h0 + tl.arange(0, BH)
             v2 = tl.load(src + offs2, mask=offs2 < H, eviction_policy="evict_first")
@@ -201,14 +207,21 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
 
 
 @triton.jit
-def _transpose_scales_kernel(tmp_ptr, os_ptr, rows_n, SK, stride_osm, stride_osk, BR: tl.constexpr, BS: tl.constexpr):
-    """Row-major scale rows [rows_n, >= SK] (row stride BS, a power of two, so that rows load as
-    aligned vectors) -> a column-major out_scales, BR consecutive rows per column in one
-    coalesced store."""
+def _scales_by_row_kernel(map_ptr, xs_ptr, os_ptr, rows_n, T, SK, stride_xsm, stride_xsk, stride_osm, stride_osk,
+                          BR: tl.constexpr, BS: tl.constexpr):
+    """out_scales[r] = x_scales[map[r]] for BR consecutive rows per program: each scale column's
+    BR values leave in one coalesced store (a column-major layout), the source rows are read from
+    x_scales (small: L2-resident). A map entry outside [0, T) (a row the scatter did not write
+    this time) gives a zero row; a stale in-range entry a copied one: padding rows are
+    unspecified either way, as their data rows are."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = rows < rows_n
+    src = tl.load(map_ptr + rows, mask=rm, other=-1)
+    ok = (src >= 0) & (src < T)
     so = tl.arange(0, BS)
-    m = (rows[:, None] < rows_n) & (so[None, :] < SK)
-    v = tl.load(tmp_ptr + rows[:, None].to(tl.int64) * BS + so[None, :], mask=m)
+    m = rm[:, None] & (so[None, :] < SK)
+    v = tl.load(xs_ptr + tl.where(ok, src, 0)[:, None].to(tl.int64) * stride_xsm + so[None, :] * stride_xsk,
+                mask=m & ok[:, None], other=0)
     tl.store(os_ptr + rows[:, None].to(tl.int64) * stride_osm + so[None, :] * stride_osk, v, mask=m)
 
 
@@ -346,47 +359,46 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
     return EpLayout(counts, starts, masked_m, counters, cursor, ends)
 
 
-TRANSPOSE_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales go through a row-major copy
+ROW_MAP_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales are written by a second launch
 SCATTER_STORE = ""  # cache modifier of the row stores ("" = default write-back)
 SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T = 256, 4096 and 16384
-TRANSPOSE_ROWS, TRANSPOSE_WARPS = 128, 4  # the sweep: 32-128 rows, 2-8 warps all within 1 us at T = 16384
+SCALE_ROWS, SCALE_WARPS = 128, 4  # rows per program and warps of _scales_by_row_kernel
 
 
-def _transpose_scales(tmp, out_scales, br=None, warps=None):
+def _scales_by_row(row_map, x_scales, out_scales, br=None, warps=None):
     rows_n, sk = out_scales.shape
-    br, warps = br or TRANSPOSE_ROWS, warps or TRANSPOSE_WARPS
-    _transpose_scales_kernel[(triton.cdiv(rows_n, br),)](tmp, out_scales, rows_n, sk, out_scales.stride(0),
-                                                         out_scales.stride(1), BR=br,
-                                                         BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
+    br, warps = br or SCALE_ROWS, warps or SCALE_WARPS
+    _scales_by_row_kernel[(triton.cdiv(rows_n, br),)](row_map, x_scales, out_scales, rows_n, x_scales.shape[0], sk,
+                                                      x_scales.stride(0), x_scales.stride(1), out_scales.stride(0),
+                                                      out_scales.stride(1), BR=br,
+                                                      BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
 
 
 def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-                    deterministic, *, transpose, num_warps=SCATTER_WARPS, store_cm=SCATTER_STORE):
+                    deterministic, *, row_map=None, num_warps=SCATTER_WARPS, store_cm=SCATTER_STORE):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
-    transpose: the scale rows are written row-major into a temp [capacity, BS] and moved into
-    the column-major out_scales by one more launch (coalesced). A scale row written straight
-    into a column-major layout is SK separate 4-byte writes (56 at H = 7168): on the H200
-    that took the scatter from 187 to 227 us at T = 16384 (bench/moe_sweep.py). Every row of
-    out_scales is then rewritten: padding rows get unspecified values, as their data rows
-    hold (nothing reads them: their m_indices are -1)."""
+    row_map (int32 [capacity]): the scatter writes each destination row's token index there
+    instead of its scales (out_scales is not touched); the caller's _scales_by_row launch then
+    writes out_scales by destination row (each scale column's rows in one coalesced store). A
+    scale row written straight into a column-major layout is SK separate 4-byte writes (56 at
+    H = 7168): on the H200 that took the scatter from 187 to 227 us at T = 16384
+    (bench/moe_sweep.py). Every row of out_scales is then rewritten: padding rows get
+    unspecified values, as their data rows hold (nothing reads them: their m_indices are -1)."""
     t, topk = ids.shape
     h, sk = x.shape[1], x_scales.shape[1]
-    bs = triton.next_power_of_2(max(sk, 1))
     has_ends = ends is not None
     ends = ends if has_ends else starts
     dst, dst_m, dst_k = out_scales, out_scales.stride(0), out_scales.stride(1)
-    if transpose:
-        dst = torch.empty(out_scales.shape[0], bs, dtype=out_scales.dtype, device=out_scales.device)
-        dst_m, dst_k = bs, 1
+    if row_map is not None:
+        dst, dst_m, dst_k = row_map, 1, 1
     _scatter_kernel[(t,)](
         x, x_scales, ids, rank, starts, ends, cursor, out, dst, oidx, counters,
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
-        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=bs, STORE_CM=store_cm, num_warps=num_warps,
+        HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
+        ROW_MAP=row_map is not None, STORE_CM=store_cm, num_warps=num_warps,
     )
-    if transpose:
-        _transpose_scales(dst, out_scales)
 
 
 def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
@@ -431,8 +443,13 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
     elif cursor is None:
         cursor = torch.zeros_like(starts)
     col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
+    row_map = None
+    if col_major and n > ROW_MAP_ROUTES:
+        row_map = torch.empty(out_scales.shape[0], dtype=torch.int32, device=x.device)
     _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-                    deterministic, transpose=col_major and n > TRANSPOSE_ROUTES)
+                    deterministic, row_map=row_map)
+    if row_map is not None:
+        _scales_by_row(row_map, x_scales, out_scales)
     return oidx
 
 

@@ -1,7 +1,7 @@
 """MoE executors under CUDA graphs (H200): capture once, replay with inputs and routing
 written in place (uniform; every token on one local expert; all -1); each replay equals an
 eager call of the same executor, and the device counters grow by exactly the dropped routes.
-Shapes: large batch (T=128, E=128, contiguous; scales direct and transposed) and decode
+Shapes: large batch (T=128, E=128, contiguous; scales direct and through the row map) and decode
 (T in {1, 2}, 256 experts over EP=4, this rank owning [64, 128), masked)."""
 
 import pytest
@@ -42,13 +42,13 @@ def _routing(kind, t, n_global, e_off, g):
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
 @pytest.mark.parametrize(
     "name,t,n_global,e_local,e_off,executor",
-    [("large", 128, 128, 128, 0, "contiguous"), ("large_transposed", 128, 128, 128, 0, "contiguous"),
+    [("large", 128, 128, 128, 0, "contiguous"), ("large_row_map", 128, 128, 128, 0, "contiguous"),
      ("decode1", 1, 256, 64, 64, "masked"),
      ("decode2", 2, 256, 64, 64, "masked")],
 )
 def test_replay_equals_eager(name, t, n_global, e_local, e_off, executor, deterministic, monkeypatch):
-    if name.endswith("_transposed"):  # column-major scales through the row-major temp + transpose launch
-        monkeypatch.setattr(K, "TRANSPOSE_ROUTES", 0)
+    if name.endswith("_row_map"):  # column-major scales written by the second launch from the row map
+        monkeypatch.setattr(K, "ROW_MAP_ROUTES", 0)
     experts = _experts(e_local)
     cls = X.ContiguousExecutor if executor == "contiguous" else X.MaskedExecutor
     ex = cls(experts, max_tokens=t, topk=TOPK, expert_offset=e_off, num_global_experts=n_global,

@@ -17,12 +17,13 @@ def layout_path(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["direct", "transposed"])
+@pytest.fixture(params=["direct", "row_map"])
 def scale_path(request, monkeypatch):
     """Both ways column-major scale rows reach out_scales: written in place, and (above
-    TRANSPOSE_ROUTES) through a row-major temp and a coalescing transpose launch."""
-    if request.param == "transposed":
-        monkeypatch.setattr(K, "TRANSPOSE_ROUTES", 0)
+    ROW_MAP_ROUTES) by a second launch that reads each destination row's token from the
+    scatter's row map."""
+    if request.param == "row_map":
+        monkeypatch.setattr(K, "ROW_MAP_ROUTES", 0)
     return request.param
 
 
@@ -233,6 +234,31 @@ def test_scatter_moves_column_major_scales(device, dtype, scale_path):
             if d >= 0:
                 assert torch.equal(osc[d], xsc[tt]) and torch.equal(buf[d].view(torch.uint8).cpu(),
                                                                     x[tt].view(torch.uint8).cpu())
+    guards = fc[cap:]
+    assert bool((guards == 0x7B7B7B7B).all()) if dtype == torch.int32 else bool(torch.isnan(guards).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32], ids=["ue8m0", "fp32"])
+@pytest.mark.parametrize("src_major", ["row", "col"])
+def test_scales_by_row_map(device, dtype, src_major):
+    """The second launch of the row-map path: out_scales[r] = x_scales[map[r]] exactly; a map
+    entry outside [0, T) (-1, T, large, negative large) gives a zero row and reads nothing;
+    guard rows below the capacity in every column stay untouched."""
+    g = torch.Generator().manual_seed(21)
+    t, sk, cap, guard = 11, 5, 300, 4  # cap > one block of SCALE_ROWS rows
+    src = torch.randint(1, 2**31 - 1, (t, sk), generator=g, dtype=torch.int32)
+    src = src if dtype == torch.int32 else src.float() / 2**20
+    xs = src.to(device) if src_major == "row" else src.t().contiguous().t().to(device)
+    rmap = torch.randint(0, t, (cap,), generator=g, dtype=torch.int32)
+    rmap[[0, 7, 150, 299]] = torch.tensor([-1, t, 2**30, -2**31], dtype=torch.int32)
+    full = torch.empty_strided((cap + guard, sk), (1, cap + guard), dtype=dtype, device=device)
+    full.fill_(0x7B7B7B7B if dtype == torch.int32 else float("nan"))
+    K._scales_by_row(rmap.to(device), xs, full[:cap])
+    fc = full.cpu()
+    ok = (rmap >= 0) & (rmap < t)
+    assert torch.equal(fc[:cap][ok], src[rmap[ok].long()])
+    assert bool((fc[:cap][~ok] == 0).all())
     guards = fc[cap:]
     assert bool((guards == 0x7B7B7B7B).all()) if dtype == torch.int32 else bool(torch.isnan(guards).all())
 
