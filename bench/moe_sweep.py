@@ -18,6 +18,7 @@ import argparse
 import functools
 
 import torch
+import triton
 
 from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
 from bench.moe import ALIGN, E_GLOBAL, E_LOCAL, TOPK, H, scatter_setup
@@ -30,6 +31,7 @@ VARIANTS = ([(row_map, w, "") for row_map in (False, True) for w in (4, 8, 16)]
 def run(t, layout):
     ids, _, x, xs, out, out_s, counters, local, _, nbytes = scatter_setup(t, layout)
     cap = out.shape[0]
+    bs = triton.next_power_of_2(xs.shape[1])
     tok = torch.arange(t, device="cuda").repeat_interleave(TOPK)
     rows = []
     for row_map, warps, cm in VARIANTS:
@@ -40,10 +42,11 @@ def run(t, layout):
             lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
             oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
             rmap = torch.empty(cap, dtype=torch.int32, device="cuda") if row_map else None
+            ts = torch.empty(t, bs, dtype=xs.dtype, device="cuda") if row_map else None
             K._scatter_launch(x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0,
-                              False, row_map=rmap, num_warps=warps, store_cm=cm)
+                              False, row_map=rmap, token_scales=ts, num_warps=warps, store_cm=cm)
             if row_map:
-                K._scales_by_row(rmap, xs, out_s)
+                K._scales_by_row(rmap, ts, out_s)
             return oidx
 
         out.view(torch.uint8).fill_(0x7B)
@@ -59,21 +62,23 @@ def run(t, layout):
     fill = graph_ms(lambda: w.fill_(3))
     # Where the shipped path's time goes: the layout launches, the scatter launch alone (its
     # cursor re-zeroed, a memset timed apart; with the row map when the shipped path uses it),
-    # the by-row scale launch alone (from x_scales as given and from a row-major copy).
+    # the by-row scale launch alone (from the scatter's aligned token rows, as shipped, and
+    # straight from x_scales as given).
     lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
     oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
     row_map = layout != "row" and t * TOPK > K.ROW_MAP_ROUTES
     rmap = torch.empty(cap, dtype=torch.int32, device="cuda")
+    ts = torch.empty(t, bs, dtype=xs.dtype, device="cuda")
     parts = {"layout_us": graph_ms(lambda: K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL,
                                                        counters=counters)) * 1e3,
              "memset_us": graph_ms(lambda: lay.cursor.zero_()) * 1e3,
              "scatter_only_us": graph_ms(lambda: (lay.cursor.zero_(), K._scatter_launch(
                  x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters,
-                 E_LOCAL, 0, False, row_map=rmap if row_map else None))) * 1e3}
+                 E_LOCAL, 0, False, row_map=rmap if row_map else None,
+                 token_scales=ts))) * 1e3}
     if row_map:
-        xs_row = xs.contiguous()
         for br, warps in ((128, 4), (64, 4), (32, 4), (64, 8), (256, 8)):
-            for name, src in (("", xs), ("_rowsrc", xs_row)):
+            for name, src in (("", ts), ("_xs", xs)):
                 parts[f"scales_r{br}w{warps}{name}_us"] = graph_ms(functools.partial(
                     K._scales_by_row, rmap, src, out_s, br, warps)) * 1e3
     return rows, {"t": t, "layout": layout, "write_only_gbs": w.numel() / (fill * 1e-3) / 1e9, "filled": w.numel(),

@@ -151,12 +151,14 @@ def _det_rank_kernel(ids_ptr, base_ptr, rank_ptr, n, E, E_OFF, BLOCK: tl.constex
 
 
 @triton.jit
-def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, oidx_ptr,
-                    counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm,
-                    stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr, HAS_ENDS: tl.constexpr,
-                    BH: tl.constexpr, BS: tl.constexpr, ROW_MAP: tl.constexpr, STORE_CM: tl.constexpr = ""):
-    """ROW_MAP: os_ptr is an int32 row map [cap]: each written row gets its token's index (the
-    scales follow in _scales_by_row_kernel); otherwise each written row gets its scale row."""
+def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, cursor_ptr, out_ptr, os_ptr, ts_ptr,
+                    oidx_ptr, counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om,
+                    stride_osm, stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr,
+                    HAS_ENDS: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, ROW_MAP: tl.constexpr,
+                    STORE_CM: tl.constexpr = ""):
+    """ROW_MAP: os_ptr is an int32 row map [cap]: each written row gets its token's index, and
+    the token's scale row goes once into ts_ptr [T, BS] (row-major, BS-aligned rows); the scales
+    follow in _scales_by_row_kernel. Otherwise each written row gets its scale row."""
     t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
     k = tl.arange(0, KB)
     km = k < TOPK
@@ -172,8 +174,9 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
         v = tl.load(src + offs, mask=offs < H, eviction_policy="evict_first")
         so = tl.arange(0, BS)
         sm = so < SK
-        if not ROW_MAP:
-            sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+        sv = tl.load(xs_ptr + t.to(tl.int64) * stride_xsm + so * stride_xsk, mask=sm)
+        if ROW_MAP:
+            tl.store(ts_ptr + t.to(tl.int64) * BS + so, sv, mask=sm)
         if DET:
             slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
         else:
@@ -209,10 +212,10 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
 @triton.jit
 def _scales_by_row_kernel(map_ptr, xs_ptr, os_ptr, rows_n, T, SK, stride_xsm, stride_xsk, stride_osm, stride_osk,
                           BR: tl.constexpr, BS: tl.constexpr):
-    """out_scales[r] = x_scales[map[r]] for BR consecutive rows per program: each scale column's
-    BR values leave in one coalesced store (a column-major layout), the source rows are read from
-    x_scales (small: L2-resident). A map entry outside [0, T) (a row the scatter did not write
-    this time) gives a zero row; a stale in-range entry a copied one: padding rows are
+    """out_scales[r] = src[map[r]] for BR consecutive rows per program: each scale column's BR
+    values leave in one coalesced store (a column-major layout); the source rows (T of them,
+    small: L2-resident) are gathered. A map entry outside [0, T) (a row the scatter did not
+    write this time) gives a zero row; a stale in-range entry a copied one: padding rows are
     unspecified either way, as their data rows are."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < rows_n
@@ -362,25 +365,30 @@ def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, ex
 ROW_MAP_ROUTES = 8192  # above this many (token, k) pairs, column-major out_scales are written by a second launch
 SCATTER_STORE = ""  # cache modifier of the row stores ("" = default write-back)
 SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T = 256, 4096 and 16384
-SCALE_ROWS, SCALE_WARPS = 128, 4  # rows per program and warps of _scales_by_row_kernel
+SCALE_ROWS, SCALE_WARPS = 32, 4  # bench/moe_sweep.py on the H200: 32-64 rows 10.0-10.4 us at T = 16384, 128 rows 11.5
 
 
-def _scales_by_row(row_map, x_scales, out_scales, br=None, warps=None):
+def _scales_by_row(row_map, src, out_scales, br=None, warps=None):
     rows_n, sk = out_scales.shape
     br, warps = br or SCALE_ROWS, warps or SCALE_WARPS
-    _scales_by_row_kernel[(triton.cdiv(rows_n, br),)](row_map, x_scales, out_scales, rows_n, x_scales.shape[0], sk,
-                                                      x_scales.stride(0), x_scales.stride(1), out_scales.stride(0),
+    _scales_by_row_kernel[(triton.cdiv(rows_n, br),)](row_map, src, out_scales, rows_n, src.shape[0], sk,
+                                                      src.stride(0), src.stride(1), out_scales.stride(0),
                                                       out_scales.stride(1), BR=br,
                                                       BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
 
 
 def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-                    deterministic, *, row_map=None, num_warps=SCATTER_WARPS, store_cm=SCATTER_STORE):
+                    deterministic, *, row_map=None, token_scales=None, num_warps=SCATTER_WARPS,
+                    store_cm=SCATTER_STORE):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
-    row_map (int32 [capacity]): the scatter writes each destination row's token index there
-    instead of its scales (out_scales is not touched); the caller's _scales_by_row launch then
-    writes out_scales by destination row (each scale column's rows in one coalesced store). A
+    row_map (int32 [capacity]) with token_scales ([T, BS] of the scale dtype, BS the scale
+    columns rounded up to a power of two): the scatter writes each destination row's token
+    index into row_map and each routed token's scale row once into token_scales, not
+    out_scales; the caller's _scales_by_row(row_map, token_scales, out_scales) then writes
+    out_scales by destination row (each scale column's rows in one coalesced store; the
+    aligned token rows load as vectors, where a column-major x_scales would be a gather of
+    4-byte words: 23 vs 11 us at T = 16384 on the H200). A
     scale row written straight into a column-major layout is SK separate 4-byte writes (56 at
     H = 7168): on the H200 that took the scatter from 187 to 227 us at T = 16384
     (bench/moe_sweep.py). Every row of out_scales is then rewritten: padding rows get
@@ -393,7 +401,8 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
     if row_map is not None:
         dst, dst_m, dst_k = row_map, 1, 1
     _scatter_kernel[(t,)](
-        x, x_scales, ids, rank, starts, ends, cursor, out, dst, oidx, counters,
+        x, x_scales, ids, rank, starts, ends, cursor, out, dst, token_scales if row_map is not None else dst, oidx,
+        counters,
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
         HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
@@ -443,13 +452,15 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
     elif cursor is None:
         cursor = torch.zeros_like(starts)
     col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
-    row_map = None
+    row_map = token_scales = None
     if col_major and n > ROW_MAP_ROUTES:
         row_map = torch.empty(out_scales.shape[0], dtype=torch.int32, device=x.device)
+        token_scales = torch.empty(t, triton.next_power_of_2(x_scales.shape[1]), dtype=x_scales.dtype,
+                                   device=x.device)
     _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
-                    deterministic, row_map=row_map)
+                    deterministic, row_map=row_map, token_scales=token_scales)
     if row_map is not None:
-        _scales_by_row(row_map, x_scales, out_scales)
+        _scales_by_row(row_map, token_scales, out_scales)
     return oidx
 
 
