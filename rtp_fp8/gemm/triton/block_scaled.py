@@ -179,14 +179,13 @@ def _fp8_gemm_tma_kernel(
         if MODE == 1:
             e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if tile_valid:
-            sb_base = sb_ptr + e * stride_sbe
-            for kb in tl.range(0, nk, num_stages=STAGES):
-                a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-                b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
-                sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
-                acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV,
-                               PACKED_B, BLOCK_N)
+        sb_base = sb_ptr + e * stride_sbe
+        for kb in tl.range(0, tl.where(tile_valid, nk, 0), num_stages=STAGES):  # invalid tiles: no K steps
+            a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+            b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
+            sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
+            acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV,
+                           PACKED_B, BLOCK_N)
         if MODE == 1:
             acc = tl.where(row_ok[:, None], acc, 0.0)
         d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
