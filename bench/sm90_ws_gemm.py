@@ -49,9 +49,27 @@ def _coords(t, TILES_M, tiles_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, a_bufs, b_bufs, sa_bufs, full, empty, sb_row, stride_sbk,
+          zero, row_layout: gl.constexpr, STAGES: gl.constexpr):
+    """K step kb (ring step g): its wgmma into a fresh tile, the previous step's tile promoted
+    while it runs; -> (acc, this step's tile, its scales, g + 1)."""
+    s = g % STAGES
+    mbarrier.wait(full.index(s), (g // STAGES) & 1)
+    tok = warpgroup_mma(a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                        is_async=True)
+    sa_now = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
+    sb_now = gl.load(sb_row + kb * stride_sbk)
+    acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)
+    part = warpgroup_mma_wait(0, deps=(tok, ))  # waited here: a running MMA carried across the loop edge
+    mbarrier.arrive(empty.index(s), count=1)  # would make ptxas serialize every wgmma (C7514)
+    return acc, part, sa_now, sb_now, g + 1
+
+
+@gluon.jit
 def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm,
-             stride_sbn, stride_sbk, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer c: rows [c * 64, c * 64 + 64) of every tile."""
+             stride_sbn, stride_sbk, GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr):
+    """Consumer c: rows [c * 64, c * 64 + 64) of every tile. UNROLL=2 runs two steps per loop
+    trip, so that the two fresh MMA tiles can alternate registers (no copy of each result)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
@@ -62,36 +80,30 @@ def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_pt
     num_tiles = TILES_M * tiles_n
     nk = gl.cdiv(K, 128)
     zero = gl.zeros((64, 128), gl.float32, mma_layout)
+    no_scale = gl.zeros((64, ), gl.float32, row_layout)
     g = pid * 0
     for tile in range(pid, num_tiles, nprog):
         pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
         sb_row = sb_ptr + pid_n * stride_sbn
-        acc = gl.zeros((64, 128), gl.float32, mma_layout)
-        s = g % STAGES
-        mbarrier.wait(full.index(s), (g // STAGES) & 1)
-        tok = warpgroup_mma(a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        sa_prev = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
-        sb_prev = gl.load(sb_row)
-        part = warpgroup_mma_wait(0, deps=(tok, ))
-        fence_async_shared()
-        mbarrier.arrive(empty.index(s), count=1)
-        g += 1
-        for kb in range(1, nk):
-            s = g % STAGES
-            mbarrier.wait(full.index(s), (g // STAGES) & 1)
-            tok = warpgroup_mma(a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s).permute((1, 0)), zero,
-                                use_acc=False, is_async=True)
-            sa_now = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
-            sb_now = gl.load(sb_row + kb * stride_sbk)
-            acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)  # the previous step, while this MMA runs
-            part = warpgroup_mma_wait(0, deps=(tok, ))
-            fence_async_shared()
-            mbarrier.arrive(empty.index(s), count=1)
-            sa_prev = sa_now
-            sb_prev = sb_now
-            g += 1
-        acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)
+        # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
+        acc = zero
+        part = zero
+        sa = no_scale
+        sb = 0.0
+        if UNROLL == 2:
+            for kb in range(0, nk - 1, 2):
+                acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, a_bufs, b_bufs, sa_bufs, full, empty,
+                                             sb_row, stride_sbk, zero, row_layout, STAGES)
+                acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, a_bufs, b_bufs, sa_bufs, full, empty,
+                                             sb_row, stride_sbk, zero, row_layout, STAGES)
+            if nk % 2 == 1:
+                acc, part, sa, sb, g = _step(c, nk - 1, g, acc, part, sa, sb, a_bufs, b_bufs, sa_bufs, full, empty,
+                                             sb_row, stride_sbk, zero, row_layout, STAGES)
+        else:
+            for kb in range(0, nk):
+                acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, a_bufs, b_bufs, sa_bufs, full, empty,
+                                             sb_row, stride_sbk, zero, row_layout, STAGES)
+        acc = acc + part * gl.expand_dims(sa * sb, 1)
         v = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
         rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
@@ -101,14 +113,16 @@ def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_pt
 
 @gluon.jit
 def _consumer1(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-               stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+               stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+               UNROLL: gl.constexpr):
     _consume(1, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn,
-             stride_sbk, GROUP_M, STAGES)
+             stride_sbk, GROUP_M, STAGES, UNROLL)
 
 
 @gluon.jit
 def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-              stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+              stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              UNROLL: gl.constexpr):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, 128)
@@ -121,6 +135,9 @@ def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_p
         for kb in range(nk):
             s = g % STAGES
             mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            # The consumers read the slot's A scales with ordinary shared loads: order those
+            # before the TMA overwrites them (one fence here instead of one per consumer step).
+            fence_async_shared()
             bar = full.index(s)
             mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * 128, kb * 128], bar, a_bufs.index(s))
@@ -131,7 +148,8 @@ def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_p
 
 @gluon.jit
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn, stride_sbk,
-                    m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                    m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
+                    num_warps: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
@@ -141,10 +159,10 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, M, N, K, TILES_M, st
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
     worker_args = (a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-                   stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES)
+                   stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES, UNROLL)
     gl.warp_specialize([
         (_consume, (0, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn,
-                    stride_sbk, GROUP_M, STAGES)),
+                    stride_sbk, GROUP_M, STAGES, UNROLL)),
         (_consumer1, worker_args),
         (_producer, worker_args),
     ], [4, 1], [232, 40])
@@ -169,7 +187,7 @@ def applies(a, sa, b, sb) -> bool:
             and tuple(sb.shape) == (-(-n // 128), -(-k // 128)) and a.is_contiguous() and b.is_contiguous())
 
 
-def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None):
+def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None, unroll=2):
     """Dense D = A @ B^T (bf16) through the warp-specialized kernel; the caller checks applies()."""
     m, k = a.shape
     n = b.shape[0]
@@ -179,5 +197,6 @@ def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None):
     tiles = tiles_m * -(-n // BN)
     nprog = nprog or min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
     _ws_gemm_kernel[(nprog, )](a_desc, b_desc, sa_desc, out, sb, m, n, k, tiles_m, out.stride(0), sb.stride(0),
-                               sb.stride(1), sa.stride(1), GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=168)
+                               sb.stride(1), sa.stride(1), GROUP_M=group_m, STAGES=stages, UNROLL=unroll, num_warps=4,
+                               maxnreg=168)
     return out

@@ -18,25 +18,28 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from bench import sm90_ws_gemm as W  # noqa: E402
 
 
-def _compile(stages):
+def _compile(stages, unroll):
     op = gl.NVMMASharedLayout.get_default_for([W.BM, W.BK], gl.float8e4nv)
     sl = gl.NVMMASharedLayout.get_default_for([W.BM], gl.float32)
     sig = {"a_desc": f"tensordesc<fp8e4nv[128, 128],{op!r}>", "b_desc": f"tensordesc<fp8e4nv[128, 128],{op!r}>",
            "sa_desc": f"tensordesc<fp32[128],{sl!r}>", "d_ptr": "*bf16", "sb_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "TILES_M": "i32", "stride_dm": "i32", "stride_sbn": "i32", "stride_sbk": "constexpr",
-           "m_pad": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "num_warps": 4}
+           "m_pad": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr", "UNROLL": "constexpr",
+           "num_warps": "constexpr"}
+    const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "UNROLL": unroll, "num_warps": 4}
     import triton
 
     return triton.compile(GluonASTSource(W._ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
 
 
-def test_ws_gemm_compiles_for_sm90a(tmp_path):
-    k = _compile(stages=4)
+@pytest.mark.parametrize("unroll,sites", [(1, 1), (2, 3)])  # K loop body (x unroll) + the odd-nk tail
+def test_ws_gemm_compiles_for_sm90a(tmp_path, unroll, sites):
+    k = _compile(stages=4, unroll=unroll)
     ptx = k.asm["ptx"]
     assert k.metadata.num_warps == 12  # 4 (consumer 0) + 4 (consumer 1) + 1 (producer), by warpgroups
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 16  # 2 consumers x 2 sites x 4
+    # 2 consumers x wgmma sites x 4 (K = 128 in k32 steps)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * sites * 4
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     src = tmp_path / "k.ptx"
     src.write_text(ptx)
