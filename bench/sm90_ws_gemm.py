@@ -66,10 +66,26 @@ def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, a_bufs, b_bufs, s
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm,
-             stride_sbn, stride_sbk, GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr):
+def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
+    """(expert of the tile, K steps to run): contiguous mode takes the tile's first row's id and
+    runs no step when it is -1 or out of range; dense: (0, nk). Every partition derives it alike."""
+    if MODE == 1:
+        e = gl.load(grp_ptr + pid_m * 128)
+        valid = (e >= 0) & (e < E)
+        return gl.where(valid, e, 0), gl.where(valid, nk, 0)
+    else:
+        return pid_m * 0, nk
+
+
+@gluon.jit
+def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
+             TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+             UNROLL: gl.constexpr, MODE: gl.constexpr):
     """Consumer c: rows [c * 64, c * 64 + 64) of every tile. UNROLL=2 runs two steps per loop
-    trip, so that the two fresh MMA tiles can alternate registers (no copy of each result)."""
+    trip, so that the two fresh MMA tiles can alternate registers (no copy of each result).
+    Contiguous mode: rows whose id is not the tile's expert (and every row of a tile without
+    one) are stored as zeros; column tile 0 counts the -1 rows (counters[0]) and rows of
+    another or an invalid id (counters[1]), as the Triton kernels do."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
@@ -78,13 +94,13 @@ def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_pt
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, 128)
     num_tiles = TILES_M * tiles_n
-    nk = gl.cdiv(K, 128)
     zero = gl.zeros((64, 128), gl.float32, mma_layout)
     no_scale = gl.zeros((64, ), gl.float32, row_layout)
     g = pid * 0
     for tile in range(pid, num_tiles, nprog):
         pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
-        sb_row = sb_ptr + pid_n * stride_sbn
+        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
+        sb_row = sb_ptr + e * stride_sbe + pid_n * stride_sbn
         # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
         acc = zero
         part = zero
@@ -107,31 +123,47 @@ def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_pt
         v = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
         rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
+        rmask = rows < M
+        if MODE == 1:
+            ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
+            ok = rmask & (ids == e) & (nk > 0)
+            v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
+            if pid_n == 0:
+                gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
+                gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
         ptrs = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
-        gl.store(ptrs, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+        gl.store(ptrs, v, mask=gl.expand_dims(rmask, 1) & gl.expand_dims(cols < N, 0))
 
 
 @gluon.jit
-def _consumer1(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-               stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-               UNROLL: gl.constexpr):
-    _consume(1, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn,
-             stride_sbk, GROUP_M, STAGES, UNROLL)
+def _consumer0(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
+               E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
+               STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
+    _consume(0, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
+             stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE)
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-              stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              UNROLL: gl.constexpr):
+def _consumer1(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
+               E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
+               STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
+    _consume(1, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
+             stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE)
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
+              E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, 128)
     num_tiles = TILES_M * tiles_n
-    nk = gl.cdiv(K, 128)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
     g = pid * 0
     for tile in range(pid, num_tiles, nprog):
         pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
+        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
         for kb in range(nk):
             s = g % STAGES
             mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
@@ -141,15 +173,15 @@ def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_p
             bar = full.index(s)
             mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * 128, kb * 128], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pid_n * 128, kb * 128], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * 128, kb * 128], bar, b_bufs.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb * m_pad + pid_m * 128], bar, sa_bufs.index(s))
             g += 1
 
 
 @gluon.jit
-def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn, stride_sbk,
-                    m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
-                    num_warps: gl.constexpr):
+def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
+                    stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    UNROLL: gl.constexpr, MODE: gl.constexpr, num_warps: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
@@ -158,14 +190,9 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, M, N, K, TILES_M, st
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
-    worker_args = (a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M,
-                   stride_dm, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES, UNROLL)
-    gl.warp_specialize([
-        (_consume, (0, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, M, N, K, TILES_M, stride_dm, stride_sbn,
-                    stride_sbk, GROUP_M, STAGES, UNROLL)),
-        (_consumer1, worker_args),
-        (_producer, worker_args),
-    ], [4, 1], [232, 40])
+    args = (a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
+            TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES, UNROLL, MODE)
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_producer, args)], [4, 1], [232, 40])
 
 
 def _descriptors(a, b, sa):
@@ -177,26 +204,79 @@ def _descriptors(a, b, sa):
             TensorDescriptor.from_tensor(sa_flat, [BM], gl.NVMMASharedLayout.get_default_for([BM], gl.float32)))
 
 
-def applies(a, sa, b, sb) -> bool:
-    """The shapes and layouts this kernel handles: SM90 dense, FP32 scales, A scales column-major
-    with a 16-byte aligned column stride, B per 128x128 block, 16-byte aligned rows."""
+def applies(a, sa, b, sb, grouped=False) -> bool:
+    """The shapes and layouts this kernel handles: SM90, FP32 scales, A scales column-major with a
+    16-byte aligned column stride, B per 128x128 block ([E, ...] when grouped), 16-byte rows."""
     m, k = a.shape
-    n = b.shape[0]
+    n = b.shape[-2]
+    lead = b.shape[:1] if grouped else ()
     return (a.is_cuda and torch.cuda.get_device_capability(a.device)[0] == 9 and sa.dtype == torch.float32
             and sb.dtype == torch.float32 and sa.stride(0) == 1 and sa.stride(1) % 4 == 0 and k > 0 and k % 16 == 0
-            and tuple(sb.shape) == (-(-n // 128), -(-k // 128)) and a.is_contiguous() and b.is_contiguous())
+            and tuple(sb.shape) == (*lead, -(-n // 128), -(-k // 128)) and sb.stride(-1) == 1
+            and a.is_contiguous() and b.is_contiguous())
+
+
+def _launch(mode, a, sa, b2, sb, grp, cnt, n, e, out, stages, group_m, nprog, unroll):
+    m, k = a.shape
+    a_desc, b_desc, sa_desc = _descriptors(a, b2, sa)
+    tiles_m = -(-m // BM)
+    tiles = tiles_m * -(-n // BN)
+    nprog = nprog or min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    sb_e = sb.stride(0) if sb.dim() == 3 else 0
+    _ws_gemm_kernel[(nprog, )](a_desc, b_desc, sa_desc, out, sb, grp, cnt, m, n, k, e, tiles_m, out.stride(0), sb_e,
+                               sb.stride(-2), sb.stride(-1), sa.stride(1), GROUP_M=group_m, STAGES=stages,
+                               UNROLL=unroll, MODE=mode, num_warps=4, maxnreg=168)
+    return out
 
 
 def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None, unroll=2):
     """Dense D = A @ B^T (bf16) through the warp-specialized kernel; the caller checks applies()."""
-    m, k = a.shape
-    n = b.shape[0]
+    m, n = a.shape[0], b.shape[0]
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device) if out is None else out
-    a_desc, b_desc, sa_desc = _descriptors(a, b, sa)
-    tiles_m = -(-m // BM)
-    tiles = tiles_m * -(-n // BN)
-    nprog = nprog or min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
-    _ws_gemm_kernel[(nprog, )](a_desc, b_desc, sa_desc, out, sb, m, n, k, tiles_m, out.stride(0), sb.stride(0),
-                               sb.stride(1), sa.stride(1), GROUP_M=group_m, STAGES=stages, UNROLL=unroll, num_warps=4,
-                               maxnreg=168)
-    return out
+    return _launch(0, a, sa, b, sb, a, a, n, 1, out, stages, group_m, nprog, unroll)
+
+
+def m_grouped_fp8_gemm_nt_contiguous_ws(a, sa, b, sb, m_indices, out=None, counters=None, stages=4, group_m=8,
+                                        nprog=None, unroll=2):
+    """m-grouped contiguous: a [M_sum, K] (expert segments aligned to 128 rows, m_indices int32,
+    -1 = padding), b [E, N, K] -> out [M_sum, N]; counters [2] int32 as the Triton kernel's."""
+    m = a.shape[0]
+    e, n = b.shape[:2]
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device) if out is None else out
+    counters = torch.zeros(2, dtype=torch.int32, device=a.device) if counters is None else counters
+    return _launch(1, a, sa, b.reshape(-1, b.shape[-1]), sb, m_indices, counters, n, e, out, stages, group_m, nprog,
+                   unroll)
+
+
+def compile_sm90a(stages=4, unroll=2, mode=0):
+    """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    op = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv)
+    sl = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}],{op!r}>", "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{op!r}>",
+           "sa_desc": f"tensordesc<fp32[{BM}],{sl!r}>", "d_ptr": "*bf16", "sb_ptr": "*fp32", "grp_ptr": "*i32",
+           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "TILES_M": "i32", "stride_dm": "i32",
+           "stride_sbe": "i32", "stride_sbn": "i32", "stride_sbk": "constexpr", "m_pad": "i32",
+           "GROUP_M": "constexpr", "STAGES": "constexpr", "UNROLL": "constexpr", "MODE": "constexpr",
+           "num_warps": "constexpr"}
+    const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "UNROLL": unroll, "MODE": mode, "num_warps": 4}
+    return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": 168})
+
+
+if __name__ == "__main__":  # python -m bench.sm90_ws_gemm OUT_DIR [stages unroll mode]: PTX + cubin for sm_90a
+    import json
+    import pathlib
+    import sys
+
+    out_dir = pathlib.Path(sys.argv[1])
+    stages, unroll, mode = (int(v) for v in (sys.argv[2:5] if len(sys.argv) > 4 else (4, 2, 0)))
+    kernel = compile_sm90a(stages, unroll, mode)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "kernel.ptx").write_text(kernel.asm["ptx"])
+    (out_dir / "kernel.cubin").write_bytes(kernel.asm["cubin"])
+    (out_dir / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps,
+                                                   "shared": kernel.metadata.shared}))
