@@ -78,14 +78,29 @@ def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
-             TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-             UNROLL: gl.constexpr, MODE: gl.constexpr):
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, pid_n, c: gl.constexpr, e, nk, M, MODE: gl.constexpr):
+    """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
+    become zeros; column tile 0 counts the -1 rows (counters[0]) and rows of another or an
+    invalid id (counters[1]), as the Triton kernels do. Dense: v unchanged."""
+    if MODE == 1:
+        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        rmask = rows < M
+        ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
+        ok = rmask & (ids == e) & (nk > 0)
+        v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
+        if pid_n == 0:
+            gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
+            gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
+    return v
+
+
+@gluon.jit
+def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, c_desc, c_bufs, d_ptr, sb_ptr, grp_ptr, cnt_ptr,
+             M, N, K, E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, GROUP_M: gl.constexpr,
+             STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
     """Consumer c: rows [c * 64, c * 64 + 64) of every tile. UNROLL=2 runs two steps per loop
     trip, so that the two fresh MMA tiles can alternate registers (no copy of each result).
-    Contiguous mode: rows whose id is not the tile's expert (and every row of a tile without
-    one) are stored as zeros; column tile 0 counts the -1 rows (counters[0]) and rows of
-    another or an invalid id (counters[1]), as the Triton kernels do."""
+    EPI_TMA: the bf16 tile leaves through shared memory and a TMA store, else by pointer stores."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
@@ -120,41 +135,47 @@ def _consume(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_pt
                 acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, a_bufs, b_bufs, sa_bufs, full, empty,
                                              sb_row, stride_sbk, zero, row_layout, STAGES)
         acc = acc + part * gl.expand_dims(sa * sb, 1)
-        v = gl.convert_layout(acc.to(gl.bfloat16), out_layout)
-        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-        cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
-        rmask = rows < M
-        if MODE == 1:
-            ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
-            ok = rmask & (ids == e) & (nk > 0)
-            v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
-            if pid_n == 0:
-                gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
-                gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
-        ptrs = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
-        gl.store(ptrs, v, mask=gl.expand_dims(rmask, 1) & gl.expand_dims(cols < N, 0))
+        if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next tile starts
+            vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, pid_m, pid_n, c, e, nk, M, MODE)
+            cbuf = c_bufs.index(c)
+            tma.store_wait(0)  # the previous tile's store has read the buffer
+            cbuf.store(vt)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [pid_m * 128 + c * 64, pid_n * 128], cbuf)
+        else:
+            v = _mask_rows(gl.convert_layout(acc.to(gl.bfloat16), out_layout), out_layout, grp_ptr, cnt_ptr, pid_m,
+                           pid_n, c, e, nk, M, MODE)
+            rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+            cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
+            ptrs = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
+            gl.store(ptrs, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+    if EPI_TMA == 1:
+        tma.store_wait(0)
 
 
 @gluon.jit
-def _consumer0(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
-               E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
-               STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
-    _consume(0, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
-             stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE)
+def _consumer0(a_desc, b_desc, sa_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, d_ptr, sb_ptr, grp_ptr,
+               cnt_ptr, M, N, K, E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad,
+               GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr,
+               EPI_TMA: gl.constexpr):
+    _consume(0, a_bufs, b_bufs, sa_bufs, full, empty, c_desc, c_bufs, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
+             TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE, EPI_TMA)
 
 
 @gluon.jit
-def _consumer1(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
-               E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
-               STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
-    _consume(1, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
-             stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE)
+def _consumer1(a_desc, b_desc, sa_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, d_ptr, sb_ptr, grp_ptr,
+               cnt_ptr, M, N, K, E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad,
+               GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr,
+               EPI_TMA: gl.constexpr):
+    _consume(1, a_bufs, b_bufs, sa_bufs, full, empty, c_desc, c_bufs, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
+             TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, GROUP_M, STAGES, UNROLL, MODE, EPI_TMA)
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K,
-              E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr):
+def _producer(a_desc, b_desc, sa_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, d_ptr, sb_ptr, grp_ptr,
+              cnt_ptr, M, N, K, E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr, MODE: gl.constexpr,
+              EPI_TMA: gl.constexpr):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, 128)
@@ -179,29 +200,35 @@ def _producer(a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_p
 
 
 @gluon.jit
-def _ws_gemm_kernel(a_desc, b_desc, sa_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
+def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, stride_dm,
                     stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    UNROLL: gl.constexpr, MODE: gl.constexpr, num_warps: gl.constexpr):
+                    UNROLL: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
+    # One output buffer per consumer, allocated also without EPI_TMA: the partitions see EPI_TMA
+    # as a folded constant, not a constexpr, so both epilogue branches must type-check.
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
-    args = (a_desc, b_desc, sa_desc, a_bufs, b_bufs, sa_bufs, full, empty, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E,
-            TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES, UNROLL, MODE)
+    args = (a_desc, b_desc, sa_desc, c_desc, a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, d_ptr, sb_ptr, grp_ptr,
+            cnt_ptr, M, N, K, E, TILES_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, GROUP_M, STAGES, UNROLL,
+            MODE, EPI_TMA)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_producer, args)], [4, 1], [232, 40])
 
 
-def _descriptors(a, b, sa):
+def _descriptors(a, b, sa, out):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     op = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv)
     sa_flat = torch.as_strided(sa, (sa.stride(1) * sa.shape[1], ), (1, ))  # [KG, M_pad] storage as 1-D
     return (TensorDescriptor.from_tensor(a, [BM, BK], op), TensorDescriptor.from_tensor(b, [BN, BK], op),
-            TensorDescriptor.from_tensor(sa_flat, [BM], gl.NVMMASharedLayout.get_default_for([BM], gl.float32)))
+            TensorDescriptor.from_tensor(sa_flat, [BM], gl.NVMMASharedLayout.get_default_for([BM], gl.float32)),
+            TensorDescriptor.from_tensor(out, [HALF, BN],
+                                         gl.NVMMASharedLayout.get_default_for([HALF, BN], gl.bfloat16)))
 
 
 def applies(a, sa, b, sb, grouped=False) -> bool:
@@ -216,28 +243,30 @@ def applies(a, sa, b, sb, grouped=False) -> bool:
             and a.is_contiguous() and b.is_contiguous())
 
 
-def _launch(mode, a, sa, b2, sb, grp, cnt, n, e, out, stages, group_m, nprog, unroll):
+def _launch(mode, a, sa, b2, sb, grp, cnt, n, e, out, stages, group_m, nprog, unroll, epi_tma):
     m, k = a.shape
-    a_desc, b_desc, sa_desc = _descriptors(a, b2, sa)
+    if epi_tma and (out.stride(1) != 1 or out.stride(0) % 8 or out.data_ptr() % 16):
+        raise ValueError("epi_tma needs out with 16-byte aligned rows")
+    a_desc, b_desc, sa_desc, c_desc = _descriptors(a, b2, sa, out)
     tiles_m = -(-m // BM)
     tiles = tiles_m * -(-n // BN)
     nprog = nprog or min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
-    _ws_gemm_kernel[(nprog, )](a_desc, b_desc, sa_desc, out, sb, grp, cnt, m, n, k, e, tiles_m, out.stride(0), sb_e,
-                               sb.stride(-2), sb.stride(-1), sa.stride(1), GROUP_M=group_m, STAGES=stages,
-                               UNROLL=unroll, MODE=mode, num_warps=4, maxnreg=168)
+    _ws_gemm_kernel[(nprog, )](a_desc, b_desc, sa_desc, c_desc, out, sb, grp, cnt, m, n, k, e, tiles_m, out.stride(0),
+                               sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1), GROUP_M=group_m, STAGES=stages,
+                               UNROLL=unroll, MODE=mode, EPI_TMA=epi_tma, num_warps=4, maxnreg=168)
     return out
 
 
-def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None, unroll=2):
+def fp8_gemm_nt_ws(a, sa, b, sb, out=None, stages=4, group_m=8, nprog=None, unroll=2, epi_tma=False):
     """Dense D = A @ B^T (bf16) through the warp-specialized kernel; the caller checks applies()."""
     m, n = a.shape[0], b.shape[0]
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device) if out is None else out
-    return _launch(0, a, sa, b, sb, a, a, n, 1, out, stages, group_m, nprog, unroll)
+    return _launch(0, a, sa, b, sb, a, a, n, 1, out, stages, group_m, nprog, unroll, epi_tma)
 
 
 def m_grouped_fp8_gemm_nt_contiguous_ws(a, sa, b, sb, m_indices, out=None, counters=None, stages=4, group_m=8,
-                                        nprog=None, unroll=2):
+                                        nprog=None, unroll=2, epi_tma=False):
     """m-grouped contiguous: a [M_sum, K] (expert segments aligned to 128 rows, m_indices int32,
     -1 = padding), b [E, N, K] -> out [M_sum, N]; counters [2] int32 as the Triton kernel's."""
     m = a.shape[0]
@@ -245,10 +274,10 @@ def m_grouped_fp8_gemm_nt_contiguous_ws(a, sa, b, sb, m_indices, out=None, count
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device) if out is None else out
     counters = torch.zeros(2, dtype=torch.int32, device=a.device) if counters is None else counters
     return _launch(1, a, sa, b.reshape(-1, b.shape[-1]), sb, m_indices, counters, n, e, out, stages, group_m, nprog,
-                   unroll)
+                   unroll, epi_tma)
 
 
-def compile_sm90a(stages=4, unroll=2, mode=0):
+def compile_sm90a(stages=4, unroll=2, mode=0, epi_tma=0):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -256,25 +285,28 @@ def compile_sm90a(stages=4, unroll=2, mode=0):
 
     op = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv)
     sl = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
+    cl = gl.NVMMASharedLayout.get_default_for([HALF, BN], gl.bfloat16)
     sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}],{op!r}>", "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{op!r}>",
-           "sa_desc": f"tensordesc<fp32[{BM}],{sl!r}>", "d_ptr": "*bf16", "sb_ptr": "*fp32", "grp_ptr": "*i32",
-           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "E": "i32", "TILES_M": "i32", "stride_dm": "i32",
+           "sa_desc": f"tensordesc<fp32[{BM}],{sl!r}>", "c_desc": f"tensordesc<bf16[{HALF}, {BN}],{cl!r}>",
+           "d_ptr": "*bf16", "sb_ptr": "*fp32", "grp_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+           "K": "i32", "E": "i32", "TILES_M": "i32", "stride_dm": "i32",
            "stride_sbe": "i32", "stride_sbn": "i32", "stride_sbk": "constexpr", "m_pad": "i32",
            "GROUP_M": "constexpr", "STAGES": "constexpr", "UNROLL": "constexpr", "MODE": "constexpr",
-           "num_warps": "constexpr"}
-    const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "UNROLL": unroll, "MODE": mode, "num_warps": 4}
+           "EPI_TMA": "constexpr", "num_warps": "constexpr"}
+    const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "UNROLL": unroll, "MODE": mode, "EPI_TMA": epi_tma,
+             "num_warps": 4}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
 
 
-if __name__ == "__main__":  # python -m bench.sm90_ws_gemm OUT_DIR [stages unroll mode]: PTX + cubin for sm_90a
+if __name__ == "__main__":  # python -m bench.sm90_ws_gemm OUT_DIR [stages unroll mode epi_tma]: PTX + cubin, sm_90a
     import json
     import pathlib
     import sys
 
     out_dir = pathlib.Path(sys.argv[1])
-    stages, unroll, mode = (int(v) for v in (sys.argv[2:5] if len(sys.argv) > 4 else (4, 2, 0)))
-    kernel = compile_sm90a(stages, unroll, mode)
+    stages, unroll, mode, epi_tma = (int(v) for v in (sys.argv[2:6] if len(sys.argv) > 5 else (4, 2, 0, 0)))
+    kernel = compile_sm90a(stages, unroll, mode, epi_tma)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "kernel.ptx").write_text(kernel.asm["ptx"])
     (out_dir / "kernel.cubin").write_bytes(kernel.asm["cubin"])

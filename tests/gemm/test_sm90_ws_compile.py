@@ -23,14 +23,21 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("mode", [0, 1], ids=["dense", "contiguous"])
-@pytest.mark.parametrize("unroll,sites", [(1, 1), (2, 3)])  # K loop body (x unroll) + the odd-nk tail
-def test_ws_gemm_compiles_for_sm90a(tmp_path, unroll, sites, mode):
+# (unroll, wgmma sites per consumer: the K loop body x unroll + the odd-nk tail, mode, TMA epilogue)
+CASES = [(1, 1, 0, 0), (2, 3, 0, 0), (1, 1, 1, 0), (2, 3, 1, 0), (2, 3, 0, 1), (2, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("unroll,sites,mode,epi_tma", CASES,
+                         ids=[f"u{u}-{'contiguous' if m else 'dense'}{'-tma_store' if t else ''}"
+                              for u, _, m, t in CASES])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, unroll, sites, mode, epi_tma):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-m", "bench.sm90_ws_gemm", str(tmp_path), "4", str(unroll), str(mode)],
-                   check=True, cwd=ROOT, env=env)
+    subprocess.run([sys.executable, "-m", "bench.sm90_ws_gemm", str(tmp_path), "4", str(unroll), str(mode),
+                    str(epi_tma)], check=True, cwd=ROOT, env=env)
     ptx = (tmp_path / "kernel.ptx").read_text()
+    # the TMA epilogue: one 64-row store per consumer and tile
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == (2 if epi_tma else 0)
     assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
     # 2 consumers x wgmma sites x 4 (K = 128 in k32 steps)
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * sites * 4
