@@ -23,19 +23,22 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-# (unroll, wgmma sites per consumer: the K loop body x unroll + the odd-nk tail, mode, TMA epilogue)
-CASES = [(1, 1, 0, 0), (2, 3, 0, 0), (1, 1, 1, 0), (2, 3, 1, 0), (2, 3, 0, 1), (2, 3, 1, 1)]
+# (unroll, wgmma sites per consumer: the K loop body x unroll + the odd-nk tail, mode, TMA epilogue,
+# B scales by TMA)
+CASES = [(1, 1, 0, 0, 1), (2, 3, 0, 0, 1), (2, 3, 1, 0, 1), (2, 3, 1, 1, 1), (2, 3, 0, 0, 0)]
 
 
-@pytest.mark.parametrize("unroll,sites,mode,epi_tma", CASES,
+@pytest.mark.parametrize("unroll,sites,mode,epi_tma,sb_tma", CASES,
                          ids=[f"u{u}-{'contiguous' if m else 'dense'}{'-tma_store' if t else ''}"
-                              for u, _, m, t in CASES])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, unroll, sites, mode, epi_tma):
+                              f"{'' if b else '-sb_ldg'}" for u, _, m, t, b in CASES])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, unroll, sites, mode, epi_tma, sb_tma):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-m", "bench.sm90_ws_gemm", str(tmp_path), "4", str(unroll), str(mode),
-                    str(epi_tma)], check=True, cwd=ROOT, env=env)
+                    str(epi_tma), str(sb_tma)], check=True, cwd=ROOT, env=env)
     ptx = (tmp_path / "kernel.ptx").read_text()
+    # per K step the producer copies A and B (2-D) and the A-row scales (+ B's scale with sb_tma) (1-D)
+    assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") == 1 + sb_tma
     # the TMA epilogue: one 64-row store per consumer and tile
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == (2 if epi_tma else 0)
     assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
