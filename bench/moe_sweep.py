@@ -18,7 +18,6 @@ import argparse
 import functools
 
 import torch
-import triton
 
 from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
 from bench.moe import ALIGN, E_GLOBAL, E_LOCAL, TOPK, H, scatter_setup
@@ -31,7 +30,6 @@ VARIANTS = ([(row_map, w, "") for row_map in (False, True) for w in (4, 8, 16)]
 def run(t, layout):
     ids, _, x, xs, out, out_s, counters, local, _, nbytes = scatter_setup(t, layout)
     cap = out.shape[0]
-    bs = triton.next_power_of_2(xs.shape[1])
     tok = torch.arange(t, device="cuda").repeat_interleave(TOPK)
     rows = []
     for row_map, warps, cm in VARIANTS:
@@ -41,8 +39,7 @@ def run(t, layout):
         def call(row_map=row_map, warps=warps, cm=cm):
             lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
             oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
-            rmap = torch.empty(cap, dtype=torch.int32, device="cuda") if row_map else None
-            ts = torch.empty(t, bs, dtype=xs.dtype, device="cuda") if row_map else None
+            rmap, ts = K._row_map_buffers(xs, out_s) if row_map else (None, None)
             K._scatter_launch(x, xs, ids, oidx, lay[1], None, lay.cursor, out, out_s, oidx, counters, E_LOCAL, 0,
                               False, row_map=rmap, token_scales=ts, num_warps=warps, store_cm=cm)
             if row_map:
@@ -67,8 +64,7 @@ def run(t, layout):
     lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
     oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
     row_map = layout != "row" and t * TOPK > K.ROW_MAP_ROUTES
-    rmap = torch.empty(cap, dtype=torch.int32, device="cuda")
-    ts = torch.empty(t, bs, dtype=xs.dtype, device="cuda")
+    rmap, ts = K._row_map_buffers(xs, out_s)
     parts = {"layout_us": graph_ms(lambda: K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL,
                                                        counters=counters)) * 1e3,
              "memset_us": graph_ms(lambda: lay.cursor.zero_()) * 1e3,

@@ -1,5 +1,5 @@
 """Experiment, not shipped and not selected by any backend: a warp-specialized SM90
-block-scaled FP8 GEMM in Gluon, dense, FP32 scales (A 1x128 column-major TMA-aligned, B
+block-scaled FP8 GEMM in Gluon, dense and m-grouped contiguous, FP32 scales (A 1x128 column-major TMA-aligned, B
 128x128 blocks). Compiled offline for sm_90a (tests/gemm/test_sm90_ws_compile.py); its
 numbers on the GPU come from bench/gemm_ws_gluon.py. It moves into rtp_fp8 only if it
 beats the Triton kernel there.
@@ -9,8 +9,9 @@ step's promotion `acc += (a @ b) * scale` waits for that step's MMA, and every w
 one instruction stream, so the tensor cores idle while the promotion and the TMA issue run.
 Here the work is split the way fast SM90 GEMMs do it:
 
-- a producer warp issues the TMA loads of A [128, 128], B [128, 128] and the step's 128
-  A-row scales (a 1-D box of the column-major scale tensor) into a ring of STAGES slots,
+- a producer warp issues the TMA loads of A [128, 128], B [128, 128], the step's 128
+  A-row scales (a 1-D box of the column-major scale tensor) and B's block scale into a ring
+  of STAGES slots,
   each with a `full` barrier (TMA transaction bytes) and an `empty` one;
 - two consumer warpgroups, separate partitions with their own instruction streams, each own
   64 rows of the 128x128 tile: per K step each waits `full`, issues its wgmma into a fresh
@@ -38,6 +39,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 BM, BN, BK, HALF = 128, 128, 128, 64
+# TMA box and element type of each descriptor (launch and offline compile both build from it):
+# A and B tiles, the step's A-row scales, B's block scale (16-byte minimum box), a consumer's
+# half of the output tile.
+BOXES = {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([BN, BK], "float8e4nv", "fp8e4nv"),
+         "sa_desc": ([BM], "float32", "fp32"), "sb_desc": ([4], "float32", "fp32"),
+         "c_desc": ([HALF, BN], "bfloat16", "bf16")}
+
+
+def _box_layout(name):
+    block, dtype, _ = BOXES[name]
+    return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
 
 
 @gluon.jit
@@ -255,12 +267,9 @@ def _descriptors(a, b, sa, sb, out):
     def flat(t, n):  # the storage behind t as a 1-D tensor of n elements
         return torch.as_strided(t, (n, ), (1, ))
 
-    def desc(t, block, dtype):
-        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
-
-    return (desc(a, [BM, BK], gl.float8e4nv), desc(b, [BN, BK], gl.float8e4nv),
-            desc(flat(sa, sa.stride(1) * sa.shape[1]), [BM], gl.float32),  # [KG, M_pad] column-major storage
-            desc(flat(sb, sb.numel()), [4], gl.float32), desc(out, [HALF, BN], gl.bfloat16))
+    tensors = {"a_desc": a, "b_desc": b, "sa_desc": flat(sa, sa.stride(1) * sa.shape[1]),  # [KG, M_pad] storage
+               "sb_desc": flat(sb, sb.numel()), "c_desc": out}
+    return tuple(TensorDescriptor.from_tensor(tensors[name], BOXES[name][0], _box_layout(name)) for name in BOXES)
 
 
 def applies(a, sa, b, sb, grouped=False) -> bool:
@@ -315,18 +324,12 @@ def compile_sm90a(stages=4, unroll=2, mode=0, epi_tma=0, sb_tma=1):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    op = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv)
-    sl = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
-    cl = gl.NVMMASharedLayout.get_default_for([HALF, BN], gl.bfloat16)
-    bl = gl.NVMMASharedLayout.get_default_for([4], gl.float32)
-    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}],{op!r}>", "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}],{op!r}>",
-           "sa_desc": f"tensordesc<fp32[{BM}],{sl!r}>", "sb_desc": f"tensordesc<fp32[4],{bl!r}>",
-           "c_desc": f"tensordesc<bf16[{HALF}, {BN}],{cl!r}>",
-           "d_ptr": "*bf16", "sb_ptr": "*fp32", "grp_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
-           "K": "i32", "E": "i32", "TILES_M": "i32", "stride_dm": "i32",
-           "stride_sbe": "i32", "stride_sbn": "i32", "stride_sbk": "constexpr", "m_pad": "i32",
-           "GROUP_M": "constexpr", "STAGES": "constexpr", "UNROLL": "constexpr", "MODE": "constexpr",
-           "EPI_TMA": "constexpr", "SB_TMA": "constexpr", "num_warps": "constexpr"}
+    sig = {name: f"tensordesc<{ty}{block},{_box_layout(name)!r}>" for name, (block, _, ty) in BOXES.items()}
+    sig |= {"d_ptr": "*bf16", "sb_ptr": "*fp32", "grp_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+            "K": "i32", "E": "i32", "TILES_M": "i32", "stride_dm": "i32", "stride_sbe": "i32", "stride_sbn": "i32",
+            "stride_sbk": "constexpr", "m_pad": "i32", "GROUP_M": "constexpr", "STAGES": "constexpr",
+            "UNROLL": "constexpr", "MODE": "constexpr", "EPI_TMA": "constexpr", "SB_TMA": "constexpr",
+            "num_warps": "constexpr"}
     const = {"stride_sbk": 1, "GROUP_M": 8, "STAGES": stages, "UNROLL": unroll, "MODE": mode, "EPI_TMA": epi_tma,
              "SB_TMA": sb_tma, "num_warps": 4}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),

@@ -377,22 +377,30 @@ def _scales_by_row(row_map, src, out_scales, br=None, warps=None):
                                                       BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
 
 
+def _row_map_buffers(x_scales, out_scales):
+    """(row_map [capacity] int32, token_scales [T, BS]) for the row-map path; BS, the scale
+    columns rounded up to a power of two, is the row stride the scatter kernel writes with."""
+    row_map = torch.empty(out_scales.shape[0], dtype=torch.int32, device=out_scales.device)
+    token_scales = torch.empty(x_scales.shape[0], triton.next_power_of_2(max(x_scales.shape[1], 1)),
+                               dtype=x_scales.dtype, device=out_scales.device)
+    return row_map, token_scales
+
+
 def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
                     deterministic, *, row_map=None, token_scales=None, num_warps=SCATTER_WARPS,
                     store_cm=SCATTER_STORE):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
-    row_map (int32 [capacity]) with token_scales ([T, BS] of the scale dtype, BS the scale
-    columns rounded up to a power of two): the scatter writes each destination row's token
-    index into row_map and each routed token's scale row once into token_scales, not
+    row_map, token_scales (from _row_map_buffers): the scatter writes each destination row's
+    token index into row_map and each routed token's scale row once into token_scales, not
     out_scales; the caller's _scales_by_row(row_map, token_scales, out_scales) then writes
     out_scales by destination row (each scale column's rows in one coalesced store; the
     aligned token rows load as vectors, where a column-major x_scales would be a gather of
-    4-byte words: 23 vs 11 us at T = 16384 on the H200). A
-    scale row written straight into a column-major layout is SK separate 4-byte writes (56 at
-    H = 7168): on the H200 that took the scatter from 187 to 227 us at T = 16384
-    (bench/moe_sweep.py). Every row of out_scales is then rewritten: padding rows get
-    unspecified values, as their data rows hold (nothing reads them: their m_indices are -1)."""
+    4-byte words: 23 vs 11 us at T = 16384 on the H200). A scale row written straight into a
+    column-major layout is SK separate 4-byte writes (56 at H = 7168): on the H200 that took
+    the scatter from 187 to 227 us at T = 16384 (bench/moe_sweep.py). Every row of out_scales
+    is then rewritten: padding rows get unspecified values, as their data rows hold (nothing
+    reads them: their m_indices are -1)."""
     t, topk = ids.shape
     h, sk = x.shape[1], x_scales.shape[1]
     has_ends = ends is not None
@@ -454,9 +462,7 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
     col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
     row_map = token_scales = None
     if col_major and n > ROW_MAP_ROUTES:
-        row_map = torch.empty(out_scales.shape[0], dtype=torch.int32, device=x.device)
-        token_scales = torch.empty(t, triton.next_power_of_2(x_scales.shape[1]), dtype=x_scales.dtype,
-                                   device=x.device)
+        row_map, token_scales = _row_map_buffers(x_scales, out_scales)
     _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
                     deterministic, row_map=row_map, token_scales=token_scales)
     if row_map is not None:
