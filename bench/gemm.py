@@ -1,16 +1,19 @@
-"""Block-scaled FP8 GEMM (Triton) on the GPU against cuBLASLt's per-tensor FP8 GEMM.
+"""Block-scaled FP8 GEMM (rtp_fp8.gemm.triton) on the GPU against cuBLASLt's per-tensor FP8 GEMM.
 
     PYTHONPATH=. python3 bench/gemm.py [--out results.json]
 
 Shapes from DeepSeek-V3 (the issue's list). TFLOP/s = 2*M*N*K / median kernel time (CUDA-graph
 replays); the ratio is to torch._scaled_mm (per-tensor scales, cuBLASLt) at 8192^3 measured in
 the same run. The eager column is one Python call (validation, TMA descriptors, launch), which
-bounds small shapes outside graphs.
+bounds small shapes outside graphs. `kernel` names what the shipped dispatch ran: sm90_ws (the
+warp-specialized Gluon kernel) or triton; where it is sm90_ws the Triton kernel is timed too
+(block_scaled.USE_WS off), and both outputs must be bit-identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
@@ -24,15 +27,43 @@ DENSE = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512), (4096, 716
 GROUPED = [(8, 4096, 4096, 7168), (8, 4096, 7168, 2048), (32, 512, 4096, 7168)]
 
 
+@contextlib.contextmanager
+def _triton_only():
+    G.USE_WS, old = False, G.USE_WS
+    try:
+        yield
+    finally:
+        G.USE_WS = old
+
+
+def _measure(flops, call, out, ws_applies):
+    """{ms, tflops, eager_ms, kernel} of the shipped dispatch (+ triton_tflops beside sm90_ws)."""
+    ms = graph_ms(call)
+    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call),
+         "kernel": "sm90_ws" if ws_applies else "triton"}
+    if ws_applies:
+        shipped = out.clone()
+        with _triton_only():
+            tms = graph_ms(call)
+            r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
+            if not torch.equal(out, shipped):
+                raise AssertionError("sm90_ws and the Triton kernel differ")
+    return r
+
+
+def _ws_applies(a, sa, b, sb, out, grouped=False):
+    return G.USE_WS and G.sm90_ws is not None and G.sm90_ws.plan(a, sa, b, sb, out, packed_a=False, sb_div=128,
+                                                                  grouped=grouped) is None
+
+
 def dense(m, n, k):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
     b, sb = B.quantize_weight_blocks(w)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ms = graph_ms(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
-    eager = median_ms(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
-    return 2 * m * n * k / (ms * 1e-3) / 1e12, ms, eager
+    return _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
+                    _ws_applies(a, sa, b, sb, out))
 
 
 def grouped(g, m, n, k):
@@ -46,8 +77,7 @@ def grouped(g, m, n, k):
     def call():
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 
-    ms, eager = graph_ms(call), median_ms(call)
-    return 2 * g * m * n * k / (ms * 1e-3) / 1e12, ms, eager
+    return _measure(2 * g * m * n * k, call, out, _ws_applies(a, sa, b, sb, out, grouped=True))
 
 
 def main():
@@ -57,21 +87,21 @@ def main():
     ceiling = fp8_gemm_tflops()
     rows = []
     for m, n, k in DENSE:
-        tf, ms, eager = dense(m, n, k)
-        rows.append({"kind": "dense", "shape": [m, n, k], "ms": ms, "tflops": tf, "ratio": tf / ceiling,
-                     "eager_ms": eager})
+        r = dense(m, n, k)
+        rows.append({"kind": "dense", "shape": [m, n, k], **r, "ratio": r["tflops"] / ceiling})
     for g, m, n, k in GROUPED:
-        tf, ms, eager = grouped(g, m, n, k)
-        rows.append({"kind": f"contiguous G={g}", "shape": [m, n, k], "ms": ms, "tflops": tf, "ratio": tf / ceiling,
-                     "eager_ms": eager})
+        r = grouped(g, m, n, k)
+        rows.append({"kind": f"contiguous G={g}", "shape": [m, n, k], **r, "ratio": r["tflops"] / ceiling})
     if args.out:
         dump(args.out, {"env": environment(), "cublaslt_fp8_tflops": ceiling, "results": rows})
     print(environment())
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s")
-    print(f"{'kind':18s} {'M,N,K':>20s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s}")
+    print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>8s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
+          f"{'triton':>7s}")
     for r in rows:
-        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['ms']:8.3f} {r['tflops']:8.0f} {r['ratio']:6.2f} "
-              f"{r['eager_ms']:9.3f}")
+        tri = f"{r['triton_tflops']:7.0f}" if "triton_tflops" in r else f"{'-':>7s}"
+        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>8s} {r['ms']:8.3f} {r['tflops']:8.0f} "
+              f"{r['ratio']:6.2f} {r['eager_ms']:9.3f} {tri}")
 
 
 if __name__ == "__main__":

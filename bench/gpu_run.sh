@@ -20,7 +20,3 @@ python3 bench/gemm.py --out "$out/gemm.json" > "$out/gemm.log" 2>&1 || tail -20 
 tail -14 "$out/gemm.log"
 python3 bench/moe.py --out "$out/moe.json" > "$out/moe.log" 2>&1 || tail -20 "$out/moe.log"
 tail -7 "$out/moe.log"
-# Experiment (bench/sm90_ws_gemm.py): bit-exact checks first, then TFLOP/s beside the Triton kernel;
-# bounded, since a warp-specialized kernel that deadlocks would otherwise hold the call.
-timeout 180 python3 bench/gemm_ws_gluon.py --out "$out/gemm_ws.json" > "$out/gemm_ws.log" 2>&1
-echo "gemm_ws_gluon: exit $?"; grep -E "exact=False|geomean|Error" "$out/gemm_ws.log" | head -12

@@ -34,19 +34,24 @@ unchunked {d['chunk_extra_mib']['None']:.0f} MiB, 1024-row chunks {d['chunk_extr
 
 def gemm_section(d: dict, path: str) -> str:
     env = d["env"]
-    rows = "\n".join(f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} | "
-                     f"{r['eager_ms']:.3f} |" if "eager_ms" in r else
-                     f"| {r['kind']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['ratio']:.2f} | - |"
-                     for r in d["results"])
-    return f"""## Block-scaled FP8 GEMM, Triton (`bench/gemm.py`)
+    def row(r):
+        eager = f"{r['eager_ms']:.3f}" if "eager_ms" in r else "-"
+        tri = f"{r['triton_tflops']:.0f}" if "triton_tflops" in r else "-"
+        return (f"| {r['kind']} | {tuple(r['shape'])} | {r.get('kernel', 'triton')} | {r['ms']:.3f} | "
+                f"{r['tflops']:.0f} | {r['ratio']:.2f} | {eager} | {tri} |")
+
+    rows = "\n".join(row(r) for r in d["results"])
+    return f"""## Block-scaled FP8 GEMM (`bench/gemm.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
 Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
 **{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128). Times are
-CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost.
+CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost. "kernel"
+is what the shipped dispatch ran: `sm90_ws` (warp-specialized Gluon, SM90) or `triton`; beside
+`sm90_ws` the Triton kernel's TFLOP/s in the same run (bit-identical output, checked).
 
-| kind | M, N, K | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) |
-|---|---|---:|---:|---:|---:|
+| kind | M, N, K | kernel | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) | Triton kernel TFLOP/s |
+|---|---|---|---:|---:|---:|---:|---:|
 {rows}
 """
 

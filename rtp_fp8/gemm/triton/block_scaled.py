@@ -14,8 +14,10 @@ with an invalid id or in the wrong tile (accumulated on the device, no host sync
 Masked: A [E, Mmax, K]; only rows < masked_m[e] are computed and written (others are
 left as they were: undefined, as in DeepGEMM).
 
-Performance on the H200 is work in progress: this is the straightforward
-promote-every-K-step kernel (docs/perf.md).
+On an SM90 GPU, dense and contiguous calls that sm90_ws.plan() accepts (FP32 scales, A's
+column-major TMA-aligned, B's per 128x128 block, enough 128x128 tiles to fill the GPU) run the
+warp-specialized Gluon kernel in sm90_ws.py, bit-identical to the Triton kernel here
+(docs/perf.md has both); everything else runs the Triton kernels below.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ import triton.language as tl
 
 from rtp_fp8 import triton_env
 from rtp_fp8.quant.layout import cdiv
+
+try:  # Gluon (triton.experimental.gluon) ships with Triton >= 3.5; without it every call takes the Triton path
+    from rtp_fp8.gemm.triton import sm90_ws
+except ImportError:  # pragma: no cover - the pinned Triton versions have Gluon
+    sm90_ws = None
 
 GRAN = 128
 DENSE, CONTIGUOUS, MASKED = 0, 1, 2
@@ -308,6 +315,18 @@ def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, 
 
 
 USE_TMA = True  # tests patch it to False to compare both paths; the launcher also checks _tma_ok
+USE_WS = True  # likewise for the SM90 warp-specialized kernel (sm90_ws.plan decides where it applies)
+
+
+def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment=128) -> bool:
+    """Dense / contiguous through sm90_ws on SM90; False when it does not apply."""
+    if not USE_WS or sm90_ws is None or triton_env.interpreting():
+        return False
+    if sm90_ws.plan(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div, grouped=mode == CONTIGUOUS,
+                    alignment=alignment) is not None:
+        return False
+    sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out)
+    return True
 
 
 def _tma_ok(*tensors) -> bool:
@@ -343,6 +362,12 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     return True
 
 
+@functools.cache
+def _no_ids(device) -> torch.Tensor:
+    """Row ids / counters a dense launch passes but never reads."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
+
+
 def fp8_gemm_nt(a, sa, b, sb, out=None):
     """Dense: a [M, K], b [N, K] -> out [M, N] bf16."""
     _check_fp8(a, "a", 2)
@@ -356,6 +381,8 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     _same_device(a.device, b=b, sa=sa, sb=sb)
     out = _check_out(out, (m, n), a.device)
     if m == 0 or n == 0:
+        return out
+    if _launch_ws(DENSE, a, sa, b, sb, _no_ids(a.device), _no_ids(a.device), 1, out, packed_a, sb_div):
         return out
     bm, bn, bk, warps, stages, gm = _config(m, n, k)
     tiles_m = cdiv(m, bm)
@@ -391,6 +418,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
         return out
     if not isinstance(alignment, int) or alignment < 16 or alignment % 16:
         raise ValueError(f"alignment must be a positive multiple of 16 (tile rows share one expert), got {alignment!r}")
+    if _launch_ws(CONTIGUOUS, a, sa, b, sb, m_indices, counters, e, out, packed_a, sb_div, alignment):
+        return out
     bm, bn, bk, warps, stages, gm = _config(m, n, k)
     bm = max(d for d in (16, 32, 64, 128) if alignment % d == 0 and d <= bm)
     tiles_m = cdiv(m, bm)

@@ -1,0 +1,316 @@
+"""SM90 warp-specialized block-scaled FP8 GEMM in Gluon: dense and m-grouped contiguous.
+
+block_scaled.py routes here on an SM90 GPU when `plan()` accepts the operands (FP32 scales, A's
+column-major and TMA-aligned, B's per 128x128 block, 128-row expert segments, enough tiles to
+fill the GPU); everything else, and every other architecture, stays on the Triton kernels.
+Results are bit-identical to the Triton kernel's (tests/gemm/test_sm90_ws.py): same tiles, the
+same FP32 promotion order.
+
+Why: in a plain Triton kernel each K step's promotion `acc += (a @ b) * scale` waits for that
+step's MMA and every warp shares one instruction stream, so the tensor cores idle while the
+promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split it:
+
+- a producer warp issues the TMA loads of A [128, 128], B [128, 128] and the step's 128 A-row
+  scales (a 1-D box of the column-major scale tensor) into a ring of STAGES slots, each with a
+  `full` barrier (TMA transaction bytes) and an `empty` one;
+- two consumer warpgroups, separate partitions with their own instruction streams, each own
+  64 rows of the 128x128 tile: per K step each waits `full`, issues its wgmma into a fresh
+  register tile, promotes the previous step's tile while that MMA runs, waits for the MMA and
+  arrives on `empty` (count 2: both consumers). Two steps per loop trip, so that the two fresh
+  tiles alternate registers. B's block scale is a scalar global load per step.
+- epilogue: the bf16 tile through shared memory and a TMA store (EPI_TMA, when `out` allows),
+  else pointer stores. Grouped: rows whose id is not the tile's expert become zeros and are
+  counted, as in the Triton kernel.
+
+Persistent programs walk tiles pid, pid + nprog, ... in block_scaled's grouped-M order; all
+three partitions walk the same sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+BM, BN, BK, HALF = 128, 128, 128, 64
+STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
+GROUP_M = 8
+# TMA box and element type of each descriptor (the launch and the offline compile build from it):
+# A and B tiles, the step's A-row scales, a consumer's half of the output tile.
+BOXES = {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([BN, BK], "float8e4nv", "fp8e4nv"),
+         "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, BN], "bfloat16", "bf16")}
+
+
+def _box_layout(name):
+    block, dtype, _ = BOXES[name]
+    return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+
+
+@gluon.jit
+def _coords(t, TILES_M, tiles_n, GROUP_M):
+    """block_scaled._swizzled_tile's walk, restated: a Gluon kernel cannot call a Triton function."""
+    width = GROUP_M * tiles_n
+    first_m = (t // width) * GROUP_M
+    size_m = gl.minimum(TILES_M - first_m, GROUP_M)
+    return first_m + (t % width) % size_m, (t % width) // size_m
+
+
+@gluon.jit
+def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, stride_sbk, zero,
+          row_layout: gl.constexpr):
+    """K step kb (ring step g): its wgmma into a fresh tile, the previous step's tile promoted
+    while it runs; -> (acc, this step's tile, its scales, g + 1)."""
+    a_bufs, b_bufs, sa_bufs, full, empty = ring
+    NSTAGES: gl.constexpr = full.shape[0]
+    s = g % NSTAGES
+    mbarrier.wait(full.index(s), (g // NSTAGES) & 1)
+    tok = warpgroup_mma(a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                        is_async=True)
+    sa_now = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
+    sb_now = gl.load(sb_row + kb * stride_sbk)
+    acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)
+    part = warpgroup_mma_wait(0, deps=(tok, ))  # waited here: a running MMA carried across the loop edge
+    mbarrier.arrive(empty.index(s), count=1)  # would make ptxas serialize every wgmma (C7514)
+    return acc, part, sa_now, sb_now, g + 1
+
+
+@gluon.jit
+def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
+    """(expert of the tile, K steps to run): contiguous mode takes the tile's first row's id and
+    runs no step when it is -1 or out of range; dense: (0, nk). Every partition derives it alike."""
+    if MODE == 1:
+        e = gl.load(grp_ptr + pid_m * 128)
+        valid = (e >= 0) & (e < E)
+        return gl.where(valid, e, 0), gl.where(valid, nk, 0)
+    else:
+        return pid_m * 0, nk
+
+
+@gluon.jit
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, pid_n, c: gl.constexpr, e, nk, M, MODE: gl.constexpr):
+    """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
+    become zeros; column tile 0 counts the -1 rows (counters[0]) and rows of another or an
+    invalid id (counters[1]), as the Triton kernels do. Dense: v unchanged."""
+    if MODE == 1:
+        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        rmask = rows < M
+        ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
+        ok = rmask & (ids == e) & (nk > 0)
+        v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
+        if pid_n == 0:
+            gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
+            gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
+    return v
+
+
+@gluon.jit
+def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
+    """Consumer c: rows [c * 64, c * 64 + 64) of every tile."""
+    MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
+    EPI_TMA: gl.constexpr = cfg.shape[1] - 1
+    a_desc, b_desc, sa_desc, c_desc = descs
+    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
+    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
+    ring = (a_bufs, b_bufs, sa_bufs, full, empty)
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    tiles_n = gl.cdiv(N, 128)
+    num_tiles = TILES_M * tiles_n
+    zero = gl.zeros((64, 128), gl.float32, mma_layout)
+    no_scale = gl.zeros((64, ), gl.float32, row_layout)
+    g = pid * 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
+        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
+        sb_row = sb_ptr + e * stride_sbe + pid_n * stride_sbn
+        # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
+        acc = zero
+        part = zero
+        sa = no_scale
+        sb = 0.0
+        for kb in range(0, nk - 1, 2):
+            acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout)
+            acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                         row_layout)
+        if nk % 2 == 1:
+            acc, part, sa, sb, g = _step(c, nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                         row_layout)
+        acc = acc + part * gl.expand_dims(sa * sb, 1)
+        if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next tile starts
+            vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, pid_m, pid_n, c, e, nk, M, MODE)
+            cbuf = c_bufs.index(c)
+            tma.store_wait(0)  # the previous tile's store has read the buffer
+            cbuf.store(vt)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [pid_m * 128 + c * 64, pid_n * 128], cbuf)
+        else:
+            v = _mask_rows(gl.convert_layout(acc.to(gl.bfloat16), out_layout), out_layout, grp_ptr, cnt_ptr, pid_m,
+                           pid_n, c, e, nk, M, MODE)
+            rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+            cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
+            dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
+            gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+    if EPI_TMA == 1:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer0(descs, bufs, ptrs, dims, cfg):
+    _consume(0, descs, bufs, ptrs, dims, cfg)
+
+
+@gluon.jit
+def _consumer1(descs, bufs, ptrs, dims, cfg):
+    _consume(1, descs, bufs, ptrs, dims, cfg)
+
+
+@gluon.jit
+def _produce(descs, bufs, ptrs, dims, cfg):
+    """The TMA producer warp."""
+    MODE: gl.constexpr = cfg.shape[0] - 1
+    a_desc, b_desc, sa_desc, c_desc = descs
+    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+    NSTAGES: gl.constexpr = full.shape[0]
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
+    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    tiles_n = gl.cdiv(N, 128)
+    num_tiles = TILES_M * tiles_n
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+    g = pid * 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
+        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
+        for kb in range(nk):
+            s = g % NSTAGES
+            mbarrier.wait(empty.index(s), ((g // NSTAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            # The consumers read the slot's scales with ordinary shared loads: order those
+            # before the TMA overwrites them (one fence here instead of one per consumer step).
+            fence_async_shared()
+            bar = full.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * 128, kb * 128], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * 128, kb * 128], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(sa_desc, [kb * m_pad + pid_m * 128], bar, sa_bufs.index(s))
+            g += 1
+
+
+@gluon.jit
+def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
+                    stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, STAGES: gl.constexpr, MODE: gl.constexpr,
+                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
+    if EPI_TMA == 1:  # one output buffer per consumer
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    else:
+        c_bufs = sa_bufs  # unused
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+    # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
+    # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
+    # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
+            (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
+            (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad), cfg)
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, capability=None, num_sms=None):
+    """None when the kernel applies, else the reason it does not (block_scaled falls back then).
+
+    capability / num_sms default to a's device's; tests pass them to check the rules on CPU."""
+    if capability is None:
+        if not a.is_cuda:
+            return "not a CUDA tensor"
+        capability = torch.cuda.get_device_capability(a.device)
+    if tuple(capability) != (9, 0):
+        return f"needs SM90 (wgmma), got sm_{capability[0]}{capability[1]}"
+    m, k = a.shape
+    n = b.shape[-2]
+    if packed_a or sb_div != 128:
+        return "needs FP32 scales, B's per 128x128 block"
+    if sa.stride(0) != 1 or sa.stride(1) % 4 or sa.data_ptr() % 16:
+        return "needs A's scales column-major with a 16-byte aligned column stride (scale_layout='col_tma')"
+    if k % 16 or not (a.is_contiguous() and b.is_contiguous() and sb.is_contiguous()) or (
+            a.data_ptr() % 16 or b.data_ptr() % 16):
+        return "needs contiguous, 16-byte aligned A, B and B scales (K a multiple of 16)"
+    if out.stride(1) != 1:
+        return "needs out with unit column stride"
+    if grouped and alignment % BM:
+        return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
+    if num_sms is None:
+        num_sms = _num_sms(a.device.index or 0)
+    tiles = -(-m // BM) * -(-n // BN)
+    if tiles < num_sms:  # too few 128x128 tiles to fill the GPU: the Triton kernel's smaller ones do better
+        return f"{tiles} tiles of {BM}x{BN} for {num_sms} SMs"
+    return None
+
+
+def _descriptors(a, b2, sa, out, epi_tma):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    m, kg = sa.shape
+    # A's scales as the 1-D run of their storage: column kb (K block) starts at kb * m_pad
+    sa_flat = torch.as_strided(sa, ((kg - 1) * sa.stride(1) + m, ), (1, ))
+    c = out if epi_tma else torch.empty(BM, BN, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
+    tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
+    return tuple(TensorDescriptor.from_tensor(tensors[name], BOXES[name][0], _box_layout(name)) for name in BOXES)
+
+
+def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None):
+    """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
+    int32 row ids, cnt the two counters). The caller checked plan()."""
+    m, k = a.shape
+    n = b.shape[-2]
+    if epi_tma is None:  # a TMA store needs 16-byte aligned rows
+        epi_tma = out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
+    tiles_m = -(-m // BM)
+    nprog = nprog or min(tiles_m * -(-n // BN), _num_sms(a.device.index or 0))
+    sb_e = sb.stride(0) if sb.dim() == 3 else 0
+    _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma), out, sb, grp, cnt, m, n, k, e,
+                               tiles_m, GROUP_M, out.stride(0), sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1),
+                               STAGES=STAGES, MODE=mode, EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
+    return out
+
+
+def compile_sm90a(mode=0, epi_tma=0):
+    """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {name: f"tensordesc<{ty}{block},{_box_layout(name)!r}>" for name, (block, _, ty) in BOXES.items()}
+    sig |= {name: "*bf16" if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
+            for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
+    sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
+                                     "stride_sbn", "stride_sbk", "m_pad")}
+    const = {"STAGES": STAGES, "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
+    sig |= {name: "constexpr" for name in const}
+    return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": 168})

@@ -1,0 +1,118 @@
+"""The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py).
+
+CPU: plan()'s rules, for an explicit capability and SM count (where it applies, and the reason
+where it does not). SM90 GPU: through the shipped dispatch it must be bit-identical to the
+Triton kernel (block_scaled.USE_WS off; same tiles, same FP32 promotion order) on ragged shapes
+with an odd number of K steps, both epilogues (TMA store; pointer stores into a padded `out`
+whose guard columns must stay poisoned), grouped layouts with padding rows, an out-of-range id
+and empty experts (counters too); and within 5e-3 relative L2 of the float64 oracle.
+"""
+
+import pytest
+import torch
+
+from helpers import rel_l2
+from rtp_fp8.gemm import reference as GR
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.quant import block as B
+from rtp_fp8.quant import token_group as T
+
+W = pytest.importorskip("rtp_fp8.gemm.triton.sm90_ws", reason="needs Triton with Gluon")
+TOL = 5e-3
+
+
+def _ops(m, n, k, device, e=None, seed=0, layout="col_tma"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
+    a, sa = T.per_token_group_quant(x, 128, scale_layout=layout)
+    b, sb = B.quantize_weight_blocks(w)
+    return a, sa, b, sb
+
+
+def _plan(a, sa, b, sb, out=None, cap=(9, 0), sms=132, **kw):
+    out = torch.empty(a.shape[0], b.shape[-2], dtype=torch.bfloat16) if out is None else out
+    return W.plan(a, sa, b, sb, out, packed_a=kw.pop("packed_a", False), sb_div=kw.pop("sb_div", 128),
+                  capability=cap, num_sms=sms, **kw)
+
+
+def test_plan_accepts_the_sm90_case_and_names_each_refusal():
+    a, sa, b, sb = _ops(1536, 1408, 256, "cpu")  # 12 x 11 = 132 tiles
+    assert _plan(a, sa, b, sb) is None
+    assert "SM90" in _plan(a, sa, b, sb, cap=(10, 0)) and "sm_120" in _plan(a, sa, b, sb, cap=(12, 0))
+    assert _plan(a, sa, b, sb, sms=133) == "132 tiles of 128x128 for 133 SMs"
+    assert "FP32 scales" in _plan(a, sa, b, sb, packed_a=True)
+    assert "per 128x128 block" in _plan(a, sa, b, sb, sb_div=1)
+    _, sa_row, _, _ = _ops(1536, 1408, 256, "cpu", layout="row")
+    assert "column-major" in _plan(a, sa_row, b, sb)
+    assert "contiguous" in _plan(a, sa, b.t().contiguous().t(), sb)
+    out = torch.empty(1536, 2 * 1408, dtype=torch.bfloat16)[:, ::2]
+    assert "unit column stride" in _plan(a, sa, b, sb, out=out)
+    ge, gsa, gb, gsb = _ops(1536, 1408, 256, "cpu", e=4)
+    assert _plan(ge, gsa, gb, gsb, grouped=True, alignment=256) is None
+    assert "aligned to 128 rows" in _plan(ge, gsa, gb, gsb, grouped=True, alignment=64)
+
+
+def test_plan_refuses_cpu_tensors():
+    a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
+    out = torch.empty(1536, 1408, dtype=torch.bfloat16)
+    assert W.plan(a, sa, b, sb, out, packed_a=False, sb_div=128) == "not a CUDA tensor"
+
+
+def _spy(monkeypatch):
+    calls = []
+    launch = W.launch
+
+    def spy(*args, **kwargs):
+        calls.append(args[0])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(G.sm90_ws, "launch", spy)
+    return calls
+
+
+def _triton(monkeypatch, fn, *args, **kwargs):
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "USE_WS", False)
+        return fn(*args, **kwargs)
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128)])
+@pytest.mark.parametrize("epilogue", ["tma", "pointer"])
+def test_dense_is_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + k)
+    pad = 8 if epilogue == "tma" else 3  # an odd row stride rules the TMA store out
+    buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    calls = _spy(monkeypatch)
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    assert calls == [G.DENSE]
+    ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
+    assert torch.equal(out, ref)
+    assert bool(torch.isnan(buf[:, n:]).all())  # guard columns untouched
+    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("k", [512, 1152])
+def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k):
+    # expert 0: 512 rows; 128 padding rows; expert 2: 384 rows; 128 rows of id 9 (E=4); a ragged
+    # expert 3 segment of 200 rows padded to 256; experts 1 and none else empty
+    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)]
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
+    m, n = ids.numel(), 2048
+    a, sa, b, sb = _ops(m, n, k, "cuda", e=4, seed=k)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
+    calls = _spy(monkeypatch)
+    G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
+    assert calls == [G.CONTIGUOUS]
+    cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
+    ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
+    assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)
+    assert cnt.tolist() == [184, 128]
+    assert bool((out[(ids < 0) | (ids >= 4)] == 0).all())
+    oracle = GR.grouped_contiguous_ref(a, sa, b, sb, ids)
+    valid = ((ids >= 0) & (ids < 4)).cpu()
+    assert rel_l2(out.cpu()[valid].double(), oracle.cpu()[valid].double()) <= TOL
