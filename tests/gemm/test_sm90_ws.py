@@ -1,6 +1,6 @@
 """The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py).
 
-CPU: plan()'s rules, for an explicit capability and SM count (where it applies, and the reason
+CPU: plan()'s rules, for an explicit Arch and SM count (where it applies, and the reason
 where it does not). SM90 GPU: through the shipped dispatch it must be bit-identical to the
 Triton kernel (block_scaled.USE_WS off; same tiles, same FP32 promotion order) on ragged shapes
 with an odd number of K steps, both epilogues (TMA store; pointer stores into a padded `out`
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import rel_l2
+from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.quant import block as B
@@ -33,13 +34,13 @@ def _ops(m, n, k, device, e=None, seed=0, layout="col_tma"):
 def _plan(a, sa, b, sb, out=None, cap=(9, 0), sms=132, **kw):
     out = torch.empty(a.shape[0], b.shape[-2], dtype=torch.bfloat16) if out is None else out
     return W.plan(a, sa, b, sb, out, packed_a=kw.pop("packed_a", False), sb_div=kw.pop("sb_div", 128),
-                  capability=cap, num_sms=sms, **kw)
+                  arch=A.Arch(*cap), num_sms=sms, **kw)
 
 
 def test_plan_accepts_the_sm90_case_and_names_each_refusal():
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")  # 12 x 11 = 132 tiles
     assert _plan(a, sa, b, sb) is None
-    assert "SM90" in _plan(a, sa, b, sb, cap=(10, 0)) and "sm_120" in _plan(a, sa, b, sb, cap=(12, 0))
+    assert "SM90" in _plan(a, sa, b, sb, cap=(10, 0)) and "sm120" in _plan(a, sa, b, sb, cap=(12, 0))
     assert _plan(a, sa, b, sb, sms=133) == "132 tiles of 128x128 for 133 SMs"
     assert "FP32 scales" in _plan(a, sa, b, sb, packed_a=True)
     assert "per 128x128 block" in _plan(a, sa, b, sb, sb_div=1)

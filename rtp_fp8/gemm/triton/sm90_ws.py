@@ -41,6 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from rtp_fp8 import arch as A
+
 BM, BN, BK, HALF = 128, 128, 128, 64
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
 GROUP_M = 8
@@ -241,16 +243,17 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, capability=None, num_sms=None):
+def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
 
-    capability / num_sms default to a's device's; tests pass them to check the rules on CPU."""
-    if capability is None:
+    arch (rtp_fp8.arch.Arch) / num_sms default to a's device's; tests pass them to check the
+    rules on CPU."""
+    if arch is None:
         if not a.is_cuda:
             return "not a CUDA tensor"
-        capability = torch.cuda.get_device_capability(a.device)
-    if tuple(capability) != (9, 0):
-        return f"needs SM90 (wgmma), got sm_{capability[0]}{capability[1]}"
+        arch = A.detect(a.device)
+    if (arch.major, arch.minor) != (9, 0):
+        return f"needs SM90 (wgmma), got {arch.name}"
     m, k = a.shape
     n = b.shape[-2]
     if packed_a or sb_div != 128:
