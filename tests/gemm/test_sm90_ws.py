@@ -54,6 +54,12 @@ def test_plan_accepts_the_sm90_case_and_names_each_refusal():
     assert "aligned to 128 rows" in _plan(ge, gsa, gb, gsb, grouped=True, alignment=64)
 
 
+def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
+    a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
+    monkeypatch.setattr(W, "LIST_WARP_SPECIALIZE", False)
+    assert "Triton >= 3.6" in _plan(a, sa, b, sb)
+
+
 def test_plan_refuses_cpu_tensors():
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
     out = torch.empty(1536, 1408, dtype=torch.bfloat16)

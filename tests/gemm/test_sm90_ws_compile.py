@@ -21,6 +21,11 @@ pytest.importorskip("triton.experimental.gluon", reason="needs Triton with Gluon
 
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
+from rtp_fp8.gemm.triton import sm90_ws  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sm90_ws.LIST_WARP_SPECIALIZE,
+                                reason="needs Triton >= 3.6 (gl.warp_specialize taking (function, args) pairs)")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHILD = """
 import json, pathlib, sys

@@ -29,6 +29,7 @@ three partitions walk the same sequence.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from triton.experimental import gluon
@@ -43,6 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from rtp_fp8 import arch as A
 
+# gl.warp_specialize([(fn, args), ...], warps, regs) is Triton >= 3.6's form; 3.5 (the cuda12_8
+# toolchain's pin) takes (default_args, default_fn, worker_args, worker_fns, ...): plan() refuses there.
+LIST_WARP_SPECIALIZE = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
 BM, BN, BK, HALF = 128, 128, 128, 64
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
 GROUP_M = 8
@@ -254,6 +258,8 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         arch = A.detect(a.device)
     if (arch.major, arch.minor) != (9, 0):
         return f"needs SM90 (wgmma), got {arch.name}"
+    if not LIST_WARP_SPECIALIZE:
+        return "needs Triton >= 3.6 (gl.warp_specialize taking (function, args) pairs)"
     m, k = a.shape
     n = b.shape[-2]
     if packed_a or sb_div != 128:
