@@ -269,11 +269,17 @@ def _check_experts(num_experts, expert_offset, num_global_experts):
 SMALL_ROUTES = 8192  # up to this many (token, k) pairs, the masked layout is one launch
 
 
-def _counters(counters, device):
-    if counters is None:
+def _counters(counters, device, required=False):
+    """The [2] int32 counters (invalid ids, overflow) the kernels add to; a new zeroed pair when
+    None and not required (ep_scatter requires the layout's: its overflow count must reach the caller)."""
+    if counters is None and not required:
         return torch.zeros(2, dtype=torch.int32, device=device)
-    if not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.numel() != 2:
-        raise ValueError("counters must be an int32 tensor of 2 elements (invalid ids, overflow)")
+    if (not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.numel() != 2
+            or not counters.is_contiguous() or counters.device != torch.device(device)):
+        got = (counters.dtype, tuple(counters.shape), counters.stride(), str(counters.device)) if isinstance(
+            counters, torch.Tensor) else counters
+        raise ValueError(f"counters must be a contiguous int32 tensor of 2 elements (invalid ids, overflow) on "
+                         f"{device}, got {got}")
     return counters
 
 
@@ -438,6 +444,7 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
     if out_scales.dtype != x_scales.dtype or tuple(out_scales.shape) != (out.shape[0], x_scales.shape[1]):
         raise ValueError(f"out_scales must be [{out.shape[0]}, {x_scales.shape[1]}] of {x_scales.dtype} (the "
                          f"format of x_scales), got {tuple(out_scales.shape)} {out_scales.dtype}")
+    counters = _counters(counters, x.device, required=True)
     e = starts.numel()
     for name, v in (("ends", ends), ("cursor", cursor)):
         if v is not None and (v.shape != starts.shape or v.dtype != torch.int32):

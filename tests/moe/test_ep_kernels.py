@@ -282,6 +282,11 @@ def test_scatter_and_layout_bad_input():
         K.ep_layout(ids, E, 64, 512)
     with pytest.raises(ValueError, match="counters must be"):
         K.ep_layout(ids, E, 64, 64, counters=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="counters must be a contiguous"):
+        K.ep_layout(ids, E, 64, 64, counters=torch.zeros(4, dtype=torch.int32)[::2])
+    for bad in (None, torch.zeros(4, dtype=torch.int32)[::2]):  # the overflow count must reach the caller
+        with pytest.raises(ValueError, match="counters must be a contiguous"):
+            K.ep_scatter(x, torch.ones(T, 2), ids, starts, buf, torch.ones(512, 2), bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)

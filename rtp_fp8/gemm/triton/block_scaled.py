@@ -397,17 +397,20 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
     e, n = b.shape[:2]
     if b.shape[2] != k:
         raise ValueError(f"b has K={b.shape[2]}, a has K={k}")
-    if not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32 or m_indices.shape != (m,):
-        got = (m_indices.dtype, tuple(m_indices.shape)) if isinstance(m_indices, torch.Tensor) else m_indices
-        raise ValueError(f"m_indices must be int32 of shape ({m},), got {got}")
+    if (not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32 or m_indices.shape != (m,)
+            or not m_indices.is_contiguous()):
+        got = ((m_indices.dtype, tuple(m_indices.shape), m_indices.stride()) if isinstance(m_indices, torch.Tensor)
+               else m_indices)
+        raise ValueError(f"m_indices must be int32 of shape ({m},) and contiguous, got {got}")
     packed_a = _check_scale(sa, "sa", (), m, k)
     packed_b, sb_div = _b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, m_indices=m_indices)
     out = _check_out(out, (m, n), a.device)
     if counters is None:
         counters = torch.zeros(2, dtype=torch.int32, device=a.device)
-    elif counters.dtype != torch.int32 or counters.shape != (2,) or counters.device != a.device:
-        raise ValueError("counters must be int32 of shape (2,) on a's device")
+    elif (counters.dtype != torch.int32 or counters.shape != (2,) or counters.device != a.device
+          or not counters.is_contiguous()):
+        raise ValueError("counters must be contiguous int32 of shape (2,) on a's device")
     if m == 0 or n == 0:
         return out
     if not isinstance(alignment, int) or alignment < 16 or alignment % 16:
@@ -436,8 +439,9 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     n = b.shape[1]
     if b.shape[2] != k:
         raise ValueError(f"b has K={b.shape[2]}, a has K={k}")
-    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 or masked_m.shape != (e,):
-        raise ValueError(f"masked_m must be int32 of shape ({e},)")
+    if (not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 or masked_m.shape != (e,)
+            or not masked_m.is_contiguous()):
+        raise ValueError(f"masked_m must be int32 of shape ({e},) and contiguous")
     packed_a = _check_scale(sa, "sa", (e,), mmax, k)
     packed_b, sb_div = _b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, masked_m=masked_m)
