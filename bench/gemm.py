@@ -51,11 +51,6 @@ def _measure(flops, call, out, ws_applies):
     return r
 
 
-def _ws_applies(a, sa, b, sb, out, grouped=False):
-    return G.USE_WS and G.sm90_ws is not None and G.sm90_ws.plan(a, sa, b, sb, out, packed_a=False, sb_div=128,
-                                                                  grouped=grouped) is None
-
-
 def dense(m, n, k):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
@@ -63,7 +58,7 @@ def dense(m, n, k):
     b, sb = B.quantize_weight_blocks(w)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     return _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
-                    _ws_applies(a, sa, b, sb, out))
+                    G.ws_refusal(G.DENSE, a, sa, b, sb, out) is None)
 
 
 def grouped(g, m, n, k):
@@ -77,7 +72,7 @@ def grouped(g, m, n, k):
     def call():
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 
-    return _measure(2 * g * m * n * k, call, out, _ws_applies(a, sa, b, sb, out, grouped=True))
+    return _measure(2 * g * m * n * k, call, out, G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out) is None)
 
 
 def main():

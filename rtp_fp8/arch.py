@@ -98,6 +98,12 @@ def detect(device: torch.device | str | int | None = None) -> Arch:
     return _detect(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def num_sms(index: int) -> int:
+    """Streaming multiprocessors of CUDA device `index` (persistent kernels size their grid by it)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def resolve(arch: Arch | None, device: torch.device | None = None) -> Arch:
     if arch is None:
         return detect(device)

@@ -51,7 +51,7 @@ def render() -> str:
             attrs["markers"] = "[" + ", ".join(f'"{m}"' for m in markers) + "]"
         if rel.parts[0] == "smoke":
             attrs["deps"] = '["//smoke:model"]'
-        elif "from bench" in (text := path.read_text(encoding="utf-8")) or '"bench.' in text:  # or python -m bench.x
+        elif "from bench" in path.read_text(encoding="utf-8"):
             attrs["deps"] = '["//bench"]'
         lines = ["rtp_py_test(", f'    name = "{name}",', f'    src = "{rel}",']
         lines += [f"    {k} = {v}," for k, v in sorted(attrs.items(), key=lambda kv: (kv[0] == "deps", kv[0]))]

@@ -60,6 +60,15 @@ def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
     assert "Triton >= 3.6" in _plan(a, sa, b, sb)
 
 
+def test_dispatch_names_why_it_keeps_the_triton_kernel(monkeypatch):
+    a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
+    out = torch.empty(1536, 1408, dtype=torch.bfloat16)
+    assert G.ws_refusal(G.DENSE, a, sa, b, sb, out) in ("the Triton interpreter runs the Triton kernels",
+                                                        "not a CUDA tensor")
+    monkeypatch.setattr(G, "USE_WS", False)
+    assert G.ws_refusal(G.DENSE, a, sa, b, sb, out) == "USE_WS is off"
+
+
 def test_plan_refuses_cpu_tensors():
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
     out = torch.empty(1536, 1408, dtype=torch.bfloat16)

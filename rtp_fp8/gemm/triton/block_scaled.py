@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rtp_fp8 import arch as A
 from rtp_fp8 import triton_env
 from rtp_fp8.quant.layout import cdiv
 
@@ -318,12 +319,22 @@ USE_TMA = True  # tests patch it to False to compare both paths; the launcher al
 USE_WS = True  # likewise for the SM90 warp-specialized kernel (sm90_ws.plan decides where it applies)
 
 
+def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=128) -> str | None:
+    """None when a dense / contiguous call with these operands runs sm90_ws, else why it does not
+    (bench/gemm.py labels its rows with it)."""
+    if not USE_WS:
+        return "USE_WS is off"
+    if sm90_ws is None:
+        return "this Triton has no Gluon"
+    if triton_env.interpreting():
+        return "the Triton interpreter runs the Triton kernels"
+    return sm90_ws.plan(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div, grouped=mode == CONTIGUOUS,
+                        alignment=alignment)
+
+
 def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment=128) -> bool:
     """Dense / contiguous through sm90_ws on SM90; False when it does not apply."""
-    if not USE_WS or sm90_ws is None or triton_env.interpreting():
-        return False
-    if sm90_ws.plan(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div, grouped=mode == CONTIGUOUS,
-                    alignment=alignment) is not None:
+    if ws_refusal(mode, a, sa, b, sb, out, packed_a, sb_div, alignment) is not None:
         return False
     sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out)
     return True
@@ -333,11 +344,6 @@ def _tma_ok(*tensors) -> bool:
     """TMA copies need 16-byte aligned bases and row strides, and a contiguous last dim."""
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in t.stride()[:-1])
                for t in tensors)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
@@ -351,7 +357,7 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
-    progs = tiles if triton_env.interpreting() else min(tiles, _num_sms(a.device.index or 0))
+    progs = tiles if triton_env.interpreting() else min(tiles, A.num_sms(a.device.index or 0))
     sb_e, sb_n, sb_k = _strides3(sb)
     _fp8_gemm_tma_kernel[(progs,)](
         a_desc, b_desc, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,

@@ -28,7 +28,6 @@ three partitions walk the same sequence.
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -43,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from rtp_fp8 import arch as A
+from rtp_fp8.quant.layout import cdiv
 
 # gl.warp_specialize([(fn, args), ...], warps, regs) is Triton >= 3.6's form; 3.5 (the cuda12_8
 # toolchain's pin) takes (default_args, default_fn, worker_args, worker_fns, ...): plan() refuses there.
@@ -242,11 +242,6 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
 
@@ -274,8 +269,8 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
     if grouped and alignment % BM:
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
-        num_sms = _num_sms(a.device.index or 0)
-    tiles = -(-m // BM) * -(-n // BN)
+        num_sms = A.num_sms(a.device.index or 0)
+    tiles = cdiv(m, BM) * cdiv(n, BN)
     if tiles < num_sms:  # too few 128x128 tiles to fill the GPU: the Triton kernel's smaller ones do better
         return f"{tiles} tiles of {BM}x{BN} for {num_sms} SMs"
     return None
@@ -299,8 +294,8 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None):
     n = b.shape[-2]
     if epi_tma is None:  # a TMA store needs 16-byte aligned rows
         epi_tma = out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
-    tiles_m = -(-m // BM)
-    nprog = nprog or min(tiles_m * -(-n // BN), _num_sms(a.device.index or 0))
+    tiles_m = cdiv(m, BM)
+    nprog = nprog or min(tiles_m * cdiv(n, BN), A.num_sms(a.device.index or 0))
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma), out, sb, grp, cnt, m, n, k, e,
                                tiles_m, GROUP_M, out.stride(0), sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1),
