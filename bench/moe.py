@@ -42,9 +42,9 @@ def routing(t, seed=0):
 
 
 def layout_scatter(x, xs, ids, out, out_s, counters):
-    """What "scatter" times: the contiguous layout for `out`'s rows, then the copy."""
-    lay = K.ep_layout(ids, E_LOCAL, out.shape[0], ALIGN, num_global_experts=E_GLOBAL, counters=counters)
-    return K.ep_scatter(x, xs, ids, lay[1], out, out_s, counters, cursor=lay.cursor)
+    """What "scatter" times: the contiguous layout for `out`'s rows and the copy (ep_dispatch, as
+    the contiguous executor calls it)."""
+    return K.ep_dispatch(x, xs, ids, E_LOCAL, out, out_s, ALIGN, num_global_experts=E_GLOBAL, counters=counters)[1]
 
 
 def scatter_setup(t, layout):
@@ -103,8 +103,8 @@ def bench_executor(t=4096, inter=2048):
     total = graph_ms(lambda: ex(x, ids, w))
     layout = ex.layout
     q, s = T.per_token_group_quant(x, 128, scale_layout=layout)
-    _, starts, mi, c = K.ep_layout(ids, E_LOCAL, ex.cap, ALIGN, num_global_experts=E_GLOBAL)
-    oidx = K.ep_scatter(q, s, ids, starts, ex.a, ex.a_scales, c)
+    lay, oidx = K.ep_dispatch(q, s, ids, E_LOCAL, ex.a, ex.a_scales, ALIGN, num_global_experts=E_GLOBAL)
+    mi, c = lay[2], lay[3]
     parts = {
         "quant": graph_ms(lambda: T.per_token_group_quant(x, 128, scale_layout=layout)),
         "layout+scatter": graph_ms(lambda: layout_scatter(q, s, ids, ex.a, ex.a_scales, c)),

@@ -4,6 +4,7 @@ from shapes only.
     counts, starts, m_indices, counters = ep_layout(topk_ids, E, capacity, alignment)      # contiguous
     counts, starts, masked_m, counters = ep_masked_layout(topk_ids, E, max_m)             # masked
     output_index = ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters)
+    layout, output_index = ep_dispatch(x, x_scales, topk_ids, E, out, out_scales, alignment)  # both, fused
     y = ep_gather(expert_out, topk_weights, output_index)
 
 Expert ids are global; this rank owns experts [expert_offset, expert_offset + E). An id of
@@ -13,7 +14,9 @@ An id < 0 or >= num_global_experts is skipped and counted (counters[0] += 1).
   aligned to `alignment` (a power of two 1..256) and m_indices[capacity] holds the expert
   id on real rows and -1 on padding and unused rows. Masked: expert e owns rows
   [e * max_m, (e + 1) * max_m) and masked_m = min(counts, max_m). Each phase is its own
-  launch: no program reads another program's writes within one launch.
+  launch: no program reads another program's writes within one launch. ep_dispatch (the
+  contiguous executor's call) derives the plan inside the scatter and scale launches instead
+  of a launch of its own where the scales take the row-map path.
 - scatter: each local (token, k) takes the next row of its expert's segment, copies the
   token's row and its scale row there (any scale layout: FP32 row- or column-major, or
   packed UE8M0 int32, addressed by strides) and records output_index[token, k]. A row past
@@ -68,25 +71,37 @@ def _count_kernel(ids_ptr, counts_ptr, counters_ptr, n, E, E_OFF, NG, BLOCK: tl.
 
 
 @triton.jit
+def _aligned_starts(counts_ptr, E, ALIGN: tl.constexpr, EB: tl.constexpr):
+    """-> (e [EB], e < E, counts, starts): each expert's segment start, segments aligned to ALIGN,
+    from the counts a previous launch wrote."""
+    e = tl.arange(0, EB)
+    emask = e < E
+    counts = tl.load(counts_ptr + e, mask=emask, other=0)
+    aligned = (counts + ALIGN - 1) // ALIGN * ALIGN
+    return e, emask, counts, tl.cumsum(aligned, axis=0) - aligned
+
+
+@triton.jit
+def _row_owner(rows, e, emask, counts, starts):
+    """m_indices of rows: the expert whose segment's real rows hold it, else -1."""
+    st = tl.where(emask, starts, 2147483647)
+    inside = (rows[:, None] >= st[None, :]) & (rows[:, None] < st[None, :] + counts[None, :])
+    return tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1
+
+
+@triton.jit
 def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.constexpr, EB: tl.constexpr,
                  BLOCK: tl.constexpr):
     """Contiguous plan: every program derives the aligned starts from the counts (written by the
     previous launch) itself; program 0 stores starts and zeroes the scatter cursor; each program
     writes its block of m_indices (expert id on real rows, -1 on padding and unused rows)."""
     pid = tl.program_id(0)
-    e = tl.arange(0, EB)
-    emask = e < E
-    counts = tl.load(counts_ptr + e, mask=emask, other=0)
-    aligned = (counts + ALIGN - 1) // ALIGN * ALIGN
-    starts = tl.cumsum(aligned, axis=0) - aligned
+    e, emask, counts, starts = _aligned_starts(counts_ptr, E, ALIGN, EB)
     if pid == 0:
         tl.store(starts_ptr + e, starts, mask=emask)
         tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
-    st = tl.where(emask, starts, 2147483647)
-    inside = (rows[:, None] >= st[None, :]) & (rows[:, None] < st[None, :] + counts[None, :])
-    owner = tl.sum(tl.where(inside, e[None, :] + 1, 0), axis=1) - 1
-    tl.store(mi_ptr + rows, owner, mask=rows < cap)
+    tl.store(mi_ptr + rows, _row_owner(rows, e, emask, counts, starts), mask=rows < cap)
 
 
 @triton.jit
@@ -155,10 +170,12 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
                     oidx_ptr, counters_ptr, E, E_OFF, cap, H, SK, stride_xm, stride_xsm, stride_xsk, stride_om,
                     stride_osm, stride_osk, TOPK: tl.constexpr, KB: tl.constexpr, DET: tl.constexpr,
                     HAS_ENDS: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, ROW_MAP: tl.constexpr,
-                    STORE_CM: tl.constexpr = ""):
+                    STORE_CM: tl.constexpr = "", PLAN_ALIGN: tl.constexpr = 0, EB: tl.constexpr = 1):
     """ROW_MAP: os_ptr is an int32 row map [cap]: each written row gets its token's index, and
     the token's scale row goes once into ts_ptr [T, BS] (row-major, BS-aligned rows); the scales
-    follow in _scales_by_row_kernel. Otherwise each written row gets its scale row."""
+    follow in _scales_by_row_kernel. Otherwise each written row gets its scale row.
+    PLAN_ALIGN > 0 (ep_dispatch): starts_ptr holds the counts; each program derives the
+    segment starts from them (aligned to PLAN_ALIGN) instead of reading a plan launch's."""
     t = tl.program_id(0)  # one token per program: its row is read once, written to each of its experts
     k = tl.arange(0, KB)
     km = k < TOPK
@@ -181,7 +198,11 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
             slot = tl.load(rank_ptr + t * TOPK + k, mask=is_local, other=0)
         else:
             slot = tl.atomic_add(cursor_ptr + loc, tl.where(is_local, 1, 0), mask=is_local, sem="relaxed")
-        dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
+        if PLAN_ALIGN > 0:
+            ev, emask, counts, starts = _aligned_starts(starts_ptr, E, PLAN_ALIGN, EB)
+            dest = tl.sum(tl.where(loc[:, None] == ev[None, :], starts[None, :], 0), axis=1) + slot
+        else:
+            dest = tl.load(starts_ptr + loc, mask=is_local, other=0) + slot
         if HAS_ENDS:
             end = tl.minimum(tl.load(ends_ptr + loc, mask=is_local, other=0), cap)
         else:
@@ -211,14 +232,22 @@ def _scatter_kernel(x_ptr, xs_ptr, ids_ptr, rank_ptr, starts_ptr, ends_ptr, curs
 
 @triton.jit
 def _scales_by_row_kernel(map_ptr, xs_ptr, os_ptr, rows_n, T, SK, stride_xsm, stride_xsk, stride_osm, stride_osk,
-                          BR: tl.constexpr, BS: tl.constexpr):
+                          counts_ptr, starts_ptr, mi_ptr, E, BR: tl.constexpr, BS: tl.constexpr,
+                          PLAN_ALIGN: tl.constexpr = 0, EB: tl.constexpr = 1):
     """out_scales[r] = src[map[r]] for BR consecutive rows per program: each scale column's BR
     values leave in one coalesced store (a column-major layout); the source rows (T of them,
     small: L2-resident) are gathered. A map entry outside [0, T) (a row the scatter did not
     write this time) gives a zero row; a stale in-range entry a copied one: padding rows are
-    unspecified either way, as their data rows are."""
+    unspecified either way, as their data rows are.
+    PLAN_ALIGN > 0 (ep_dispatch): also the plan, derived from the counts: m_indices of these
+    rows, and (program 0) the starts."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < rows_n
+    if PLAN_ALIGN > 0:
+        e, emask, counts, starts = _aligned_starts(counts_ptr, E, PLAN_ALIGN, EB)
+        if tl.program_id(0) == 0:
+            tl.store(starts_ptr + e, starts, mask=emask)
+        tl.store(mi_ptr + rows, _row_owner(rows, e, emask, counts, starts), mask=rm)
     src = tl.load(map_ptr + rows, mask=rm, other=-1)
     ok = (src >= 0) & (src < T)
     so = tl.arange(0, BS)
@@ -306,10 +335,12 @@ def _hist_block(eb: int) -> int:
     return max(16, min(1024, 8192 // eb))
 
 
-def _counts(topk_ids, num_experts, expert_offset, ng, counters):
+def _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=None):
+    """counts [E] (zeroed here unless given zeroed) += local ids per expert; counters[0] += invalid ids."""
     dev = topk_ids.device
     ids = topk_ids.to(torch.int32).contiguous().view(-1)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
+    if counts is None:
+        counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
     if ids.numel():
         eb = triton.next_power_of_2(num_experts)
         hist = eb <= HIST_EXPERTS
@@ -329,19 +360,36 @@ class EpLayout(tuple):
         return self
 
 
-def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128, *,
-              expert_offset: int = 0, num_global_experts: int | None = None,
-              counters: torch.Tensor | None = None) -> EpLayout:
-    """Contiguous layout -> (counts [E], starts [E], m_indices [capacity], counters [2] int32)."""
-    _check_ids(topk_ids)
+def _check_alignment(alignment):
     if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
+
+
+def _check_m_indices(m_indices, capacity, device):
+    if m_indices is not None and (not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32
+                                  or tuple(m_indices.shape) != (capacity, ) or not m_indices.is_contiguous()
+                                  or m_indices.device != device):
+        got = (m_indices.dtype, tuple(m_indices.shape), str(m_indices.device)) if isinstance(
+            m_indices, torch.Tensor) else m_indices
+        raise ValueError(f"m_indices must be a contiguous int32 tensor of the capacity's {capacity} rows on "
+                         f"{device}, got {got}")
+
+
+def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128, *,
+              expert_offset: int = 0, num_global_experts: int | None = None,
+              counters: torch.Tensor | None = None, m_indices: torch.Tensor | None = None) -> EpLayout:
+    """Contiguous layout -> (counts [E], starts [E], m_indices [capacity], counters [2] int32);
+    m_indices: where they go (default: a new tensor)."""
+    _check_ids(topk_ids)
+    _check_alignment(alignment)
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counters = _counters(counters, topk_ids.device)
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
-    m_indices = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
+    _check_m_indices(m_indices, capacity, topk_ids.device)
+    if m_indices is None:
+        m_indices = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
     blk = 128
     _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
                                                         ALIGN=alignment, EB=triton.next_power_of_2(num_experts),
@@ -374,13 +422,17 @@ SCATTER_WARPS = 8  # bench/moe_sweep.py on the H200: 8 warps beat 4 and 16 at T 
 SCALE_ROWS, SCALE_WARPS = 32, 4  # bench/moe_sweep.py on the H200: 32-64 rows 10.0-10.4 us at T = 16384, 128 rows 11.5
 
 
-def _scales_by_row(row_map, src, out_scales, br=None, warps=None):
+def _scales_by_row(row_map, src, out_scales, br=None, warps=None, plan=None):
+    """plan (ep_dispatch): (counts, starts, m_indices, alignment), the layout written by this launch too."""
     rows_n, sk = out_scales.shape
     br, warps = br or SCALE_ROWS, warps or SCALE_WARPS
+    counts, starts, mi, align = plan if plan is not None else (row_map, row_map, row_map, 0)
+    e = counts.numel() if plan is not None else 1
     _scales_by_row_kernel[(triton.cdiv(rows_n, br),)](row_map, src, out_scales, rows_n, src.shape[0], sk,
                                                       src.stride(0), src.stride(1), out_scales.stride(0),
-                                                      out_scales.stride(1), BR=br,
-                                                      BS=triton.next_power_of_2(max(sk, 1)), num_warps=warps)
+                                                      out_scales.stride(1), counts, starts, mi, e, BR=br,
+                                                      BS=triton.next_power_of_2(max(sk, 1)), PLAN_ALIGN=align,
+                                                      EB=triton.next_power_of_2(e), num_warps=warps)
 
 
 def _row_map_buffers(x_scales, out_scales):
@@ -394,7 +446,7 @@ def _row_map_buffers(x_scales, out_scales):
 
 def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
                     deterministic, *, row_map=None, token_scales=None, num_warps=SCATTER_WARPS,
-                    store_cm=SCATTER_STORE):
+                    store_cm=SCATTER_STORE, plan_align=0):
     """Token per program: slot atomics, then the row and its scales to each destination.
 
     row_map, token_scales (from _row_map_buffers): the scatter writes each destination row's
@@ -420,19 +472,14 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
         e, expert_offset, out.shape[0], h, sk, x.stride(0), x_scales.stride(0), x_scales.stride(1), out.stride(0),
         dst_m, dst_k, TOPK=topk, KB=triton.next_power_of_2(topk), DET=deterministic,
         HAS_ENDS=has_ends, BH=min(8192, triton.next_power_of_2(h)), BS=triton.next_power_of_2(max(sk, 1)),
-        ROW_MAP=row_map is not None, STORE_CM=store_cm, num_warps=num_warps,
+        ROW_MAP=row_map is not None, STORE_CM=store_cm, PLAN_ALIGN=plan_align,
+        EB=triton.next_power_of_2(e) if plan_align else 1, num_warps=num_warps,
     )
 
 
-def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
-               expert_offset: int = 0, deterministic: bool = False):
-    """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
-
-    ends [E]: each expert's segment end (masked layout: starts + max_m); default: `out`'s capacity.
-    cursor [E] int32, zero: the layout's `.cursor` (saves a launch); default: a new one.
-    """
+def _check_scatter(x, x_scales, topk_ids, out, out_scales):
     _check_ids(topk_ids)
-    t, topk = topk_ids.shape
+    t = topk_ids.shape[0]
     if x.dim() != 2 or x.shape[0] != t:
         raise ValueError(f"x must be [tokens={t}, H], got shape {tuple(x.shape)}")
     if x.stride(-1) != 1 or out.dim() != 2 or out.stride(-1) != 1:
@@ -444,6 +491,23 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
     if out_scales.dtype != x_scales.dtype or tuple(out_scales.shape) != (out.shape[0], x_scales.shape[1]):
         raise ValueError(f"out_scales must be [{out.shape[0]}, {x_scales.shape[1]}] of {x_scales.dtype} (the "
                          f"format of x_scales), got {tuple(out_scales.shape)} {out_scales.dtype}")
+
+
+def _uses_row_map(out_scales, routes):
+    """Column-major out_scales above ROW_MAP_ROUTES routes are written by a second launch (_scatter_launch)."""
+    col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
+    return col_major and routes > ROW_MAP_ROUTES
+
+
+def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
+               expert_offset: int = 0, deterministic: bool = False):
+    """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
+
+    ends [E]: each expert's segment end (masked layout: starts + max_m); default: `out`'s capacity.
+    cursor [E] int32, zero: the layout's `.cursor` (saves a launch); default: a new one.
+    """
+    _check_scatter(x, x_scales, topk_ids, out, out_scales)
+    t, topk = topk_ids.shape
     counters = _counters(counters, x.device, required=True)
     e = starts.numel()
     for name, v in (("ends", ends), ("cursor", cursor)):
@@ -466,15 +530,55 @@ def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends
         cursor = starts  # placeholder: not read
     elif cursor is None:
         cursor = torch.zeros_like(starts)
-    col_major = out_scales.shape[0] > 1 and out_scales.shape[1] > 1 and out_scales.stride(0) == 1
     row_map = token_scales = None
-    if col_major and n > ROW_MAP_ROUTES:
+    if _uses_row_map(out_scales, n):
         row_map, token_scales = _row_map_buffers(x_scales, out_scales)
     _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scales, oidx, counters, e, expert_offset,
                     deterministic, row_map=row_map, token_scales=token_scales)
     if row_map is not None:
         _scales_by_row(row_map, token_scales, out_scales)
     return oidx
+
+
+def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignment: int = 128, *,
+                expert_offset: int = 0, num_global_experts: int | None = None, counters=None,
+                m_indices=None, deterministic: bool = False):
+    """ep_layout (capacity = out's rows) then ep_scatter, in fewer launches where it can:
+    -> (EpLayout, output_index [T, topk]), each equal to what the two calls give.
+
+    m_indices [capacity] int32: where the layout's m_indices go (default: a new tensor).
+    On the row-map path (column-major out_scales above ROW_MAP_ROUTES routes, atomic order) the
+    plan is not a launch of its own: the scatter derives each expert's start from the counts,
+    and the launch that writes out_scales by destination row writes m_indices and the starts
+    too (memset, count, scatter, scales: four launches instead of five; no program reads
+    another program's writes within a launch). Elsewhere it is ep_layout + ep_scatter."""
+    _check_scatter(x, x_scales, topk_ids, out, out_scales)
+    cap = out.shape[0]
+    n = topk_ids.numel()
+    if deterministic or not _uses_row_map(out_scales, n):
+        lay = ep_layout(topk_ids, num_experts, cap, alignment, expert_offset=expert_offset,
+                        num_global_experts=num_global_experts, counters=counters, m_indices=m_indices)
+        return lay, ep_scatter(x, x_scales, topk_ids, lay[1], out, out_scales, lay[3], cursor=lay.cursor,
+                               expert_offset=expert_offset, deterministic=deterministic)
+    _check_alignment(alignment)
+    _check_m_indices(m_indices, cap, x.device)
+    ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    dev = x.device
+    counters = _counters(counters, dev)
+    plan = torch.zeros(2, num_experts, dtype=torch.int32, device=dev)  # counts, cursor: one memset
+    counts, cursor = plan.unbind(0)
+    counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=counts)
+    starts = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    if m_indices is None:
+        m_indices = torch.empty(cap, dtype=torch.int32, device=dev)
+    t, topk = topk_ids.shape
+    oidx = torch.empty(t, topk, dtype=torch.int32, device=dev)
+    ids = topk_ids.to(torch.int32).contiguous()
+    row_map, token_scales = _row_map_buffers(x_scales, out_scales)
+    _scatter_launch(x, x_scales, ids, oidx, counts, None, cursor, out, out_scales, oidx, counters, num_experts,
+                    expert_offset, False, row_map=row_map, token_scales=token_scales, plan_align=alignment)
+    _scales_by_row(row_map, token_scales, out_scales, plan=(counts, starts, m_indices, alignment))
+    return EpLayout(counts, starts, m_indices, counters, cursor), oidx
 
 
 def ep_gather(expert_out, topk_weights, output_index, out=None):

@@ -17,7 +17,7 @@ expert once) with masked GEMMs over masked_m = min(count, max_m).
 Both: every buffer is allocated once from shapes, the forward has no host sync and no
 data-dependent shape, so it can be captured in a CUDA graph and replayed with new inputs
 and routing written in place. Capacity and layout come from one source, the GPU counts of
-ep_layout / ep_masked_layout. Scale formats follow the Arch: FP32 (SM90, CPU) or packed
+ep_dispatch (contiguous) / ep_masked_layout. Scale formats follow the Arch: FP32 (SM90, CPU) or packed
 UE8M0 (SM100/SM120). Dropped routes are never silent: `counters` (int32 [2] on the
 device: invalid ids, overflowed rows) accumulate across calls; `read_counters()` syncs
 once; eager calls poll the previous call's copy (no per-call sync) and log growth.
@@ -227,15 +227,16 @@ class ContiguousExecutor(_Executor):
         self.act_s = L.alloc_scales((), cap, self.i // self.group, self.layout, dev, zero=True)
         self.gate_up = torch.empty(cap, 2 * self.i, dtype=torch.bfloat16, device=dev)
         self.down = torch.empty(cap, self.h, dtype=torch.bfloat16, device=dev)
+        self.m_indices = torch.empty(cap, dtype=torch.int32, device=dev)
 
     def forward(self, x, topk_ids, topk_weights, consume_input: bool = False):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
-        lay = K.ep_layout(topk_ids, self.e, self.cap, self.alignment, expert_offset=self.expert_offset,
-                          num_global_experts=self.num_global, counters=self.counters)
-        _, starts, m_indices, counters = lay
-        oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, cursor=lay.cursor,
-                            expert_offset=self.expert_offset, deterministic=self.deterministic)
+        lay, oidx = K.ep_dispatch(q, s, topk_ids, self.e, self.a, self.a_scales, self.alignment,
+                                  expert_offset=self.expert_offset, num_global_experts=self.num_global,
+                                  counters=self.counters, m_indices=self.m_indices,
+                                  deterministic=self.deterministic)
+        m_indices = lay[2]
         del q, s  # the quantized input is dead once scattered
         ex = self.experts
         G.m_grouped_fp8_gemm_nt_contiguous(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices, out=self.gate_up,

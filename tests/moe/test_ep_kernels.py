@@ -306,3 +306,70 @@ def test_counts_both_count_paths(device, num_experts, hist_limit, monkeypatch):
                                          counters=counters)
     assert torch.equal(counts.cpu(), want)
     assert counters.cpu().tolist() == [invalid, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("align", [1, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["fp32", "ue8m0"])
+def test_dispatch_equals_layout_then_scatter(device, align, dtype, scale_path):
+    """ep_dispatch (row_map: the plan folded into the scatter and the by-row scale launch) gives
+    the oracle's counts, starts, m_indices (into a given buffer with guards), counters, output
+    rows and moved bytes and scales; padding rows, guard rows and guard columns stay untouched."""
+    g = torch.Generator().manual_seed(31 + align)
+    ids = _ids(device, seed=align)
+    cap, sk, guard = K.workspace_rows(T * TOPK, E, align), 3, 6
+    oc, os_, om, inv = _oracle_layout(ids, align, cap)
+    x = torch.randint(0, 120, (T, H), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn).to(device)
+    src = torch.randint(1, 2**31 - 1, (T, sk), generator=g, dtype=torch.int32)
+    src = src if dtype == torch.int32 else src.float() / 2**20
+    xs = torch.empty_strided((T, sk), (1, 40), dtype=dtype, device=device)  # column-major, stride align(37, 4)
+    xs.copy_(src)
+    poison = 0x7B7B7B7B if dtype == torch.int32 else float("nan")
+    full_s = torch.empty_strided((cap + guard, sk + 1), (1, cap + guard), dtype=dtype, device=device).fill_(poison)
+    buf = torch.full((cap + guard, H), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    mi_buf = torch.full((cap + guard, ), 12345, dtype=torch.int32, device=device)
+    lay, oidx = K.ep_dispatch(x, xs, ids, E, buf[:cap], full_s[:cap, :sk], align, m_indices=mi_buf[:cap])
+    counts, starts, mi, counters = lay
+    assert counts.cpu().tolist() == oc.tolist() and starts.cpu().tolist() == os_.tolist()
+    assert mi.data_ptr() == mi_buf.data_ptr() and torch.equal(mi_buf[:cap].cpu(), om)
+    assert bool((mi_buf[cap:] == 12345).all()) and counters.cpu().tolist() == [inv, 0]
+    oidx, ids_c = oidx.cpu(), ids.cpu()
+    for e in range(E):
+        assert sorted(oidx[ids_c == e].tolist()) == list(range(int(os_[e]), int(os_[e] + oc[e]))), f"expert {e}"
+    assert bool((oidx[(ids_c < 0) | (ids_c >= E)] == -1).all())
+    bufc, fs, xb = buf.view(torch.uint8).cpu(), full_s.cpu(), x.view(torch.uint8).cpu()
+    for t in range(T):
+        for k in range(TOPK):
+            d = int(oidx[t, k])
+            if d >= 0:
+                assert torch.equal(bufc[d], xb[t]) and torch.equal(fs[d, :sk], src[t])
+    assert bool((bufc[:cap][om == -1] == 0x7B).all()) and bool((bufc[cap:] == 0x7B).all())
+    rest = torch.cat([fs[cap:].flatten(), fs[:, sk]])  # guard rows, and the guard column past the view
+    assert bool((rest == poison).all()) if dtype == torch.int32 else bool(torch.isnan(rest).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_overflow_and_bad_input(device, scale_path):
+    """A capacity below what the layout needs: the rows past it are dropped and counted exactly,
+    m_indices stays within its length, nothing is written past the buffers."""
+    ids = _ids(device, seed=5, invalid=False)
+    cap, align = 200, 64
+    full_cap = K.workspace_rows(T * TOPK, E, align)
+    oc, os_, om, _ = _oracle_layout(ids, align, full_cap)
+    dropped = int(sum(((os_[e] + torch.arange(int(oc[e]))) >= cap).sum() for e in range(E)))
+    assert dropped > 0
+    x = torch.full((T, H), 5, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    xs = torch.ones(40, 2, device=device).t().contiguous().t()[:T]
+    buf = torch.full((cap + 8, H), 0x7B, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    sbuf = torch.full((2, cap + 8), float("nan"), device=device).t()
+    lay, oidx = K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap], align)
+    assert lay[3].cpu().tolist() == [0, dropped] and int((oidx.cpu() == -1).sum()) == dropped
+    assert torch.equal(lay[2].cpu(), om[:cap]) and int(oidx.max()) < cap
+    assert bool((buf.view(torch.uint8)[cap:].cpu() == 0x7B).all()) and bool(torch.isnan(sbuf[cap:].cpu()).all())
+    for bad in (torch.zeros(cap - 1, dtype=torch.int32, device=device), torch.zeros(cap, device=device)):
+        with pytest.raises(ValueError, match="m_indices must be"):
+            K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap], align, m_indices=bad)
+    with pytest.raises(ValueError, match="alignment must be a power of two"):
+        K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap], 3)
+    with pytest.raises(ValueError, match="out_scales must be"):
+        K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap - 1], align)
