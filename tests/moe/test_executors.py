@@ -103,7 +103,7 @@ def test_masked_overflow_is_counted_and_logged(device, caplog):
     wg, wu, wd = _weights(device)
     ex = X.MaskedExecutor(X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0)), max_tokens=5, topk=TOPK, max_m=2,
                           deterministic=True)
-    x = torch.randn(5, H).to(torch.bfloat16).to(device)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(105)).to(torch.bfloat16).to(device)
     ids = torch.tensor([[1, 2]] * 5, dtype=torch.int32, device=device)  # 5 tokens on experts 1 and 2, room for 2
     ids[4, 1] = 77  # invalid
     w = torch.full((5, TOPK), 0.5, device=device)
@@ -149,7 +149,9 @@ def test_fp8moe_dispatches_by_batch_size():
     moe = X.FP8MoE(X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0)), max_tokens=8, topk=TOPK,
                    masked_max_tokens=2)
     for t, kind in ((2, "masked"), (5, "contiguous")):
-        x = torch.randn(t, H).to(torch.bfloat16)
+        # seeded: drawn from the global generator the error depended on the tests run before
+        # (0.052-0.072 over 60 seeds, once 0.0801 in a fresh-clone CI run)
+        x = torch.randn(t, H, generator=torch.Generator().manual_seed(100 + t)).to(torch.bfloat16)
         ids, w = _route(t, E, "cpu", seed=t)
         y = moe(x, ids, w)
         assert rel_l2(y, X.moe_reference(x, ids, w, wg, wu, wd)) <= 0.08
