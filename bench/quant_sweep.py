@@ -1,6 +1,6 @@
 """Launch-shape sweep of the CUDA per-token-group kernel (group 128, bf16 -> fp8) on the GPU.
 
-    PYTHONPATH=. python3 bench/quant_sweep.py [--out results.json]
+    PYTHONPATH=. python3 bench/quant_sweep.py [--out results.json] [--m 4096 32768] [--layouts col_tma]
 
 Builds csrc/per_token_group_quant_8bit.cu once more with -DRTP_FP8_TUNING (sm_90a only,
 into a temp folder: a library of its own, `torch.ops.rtp_fp8_C_tuning.cfg`, never shipped)
@@ -52,6 +52,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--compile-only", action="store_true", help="only compile the tuning build (no GPU)")
+    ap.add_argument("--m", type=int, nargs="+", default=[128, 4096, 32768], help="rows to time")
+    ap.add_argument("--layouts", nargs="+", default=["row", "col_tma", "ue8m0"], help="scale layouts to time")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rtp_fp8_tuning_"))
     if a.compile_only:
@@ -68,9 +70,9 @@ def main():
     copy = copy_bandwidth_gbs()
     k = 7168
     rows = []
-    for m in (128, 4096, 32768):
+    for m in a.m:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        for layout in ("row", "col_tma", "ue8m0"):
+        for layout in a.layouts:
             want_q, want_s = T.per_token_group_quant(x, 128, scale_layout=layout, backend="cuda")
             q = torch.empty_like(want_q)
             s = L.alloc_scales((), m, k // 128, layout, "cuda")
@@ -102,8 +104,8 @@ def main():
         dump(a.out, {"bench": "quant_sweep", "env": env, "copy_gbs": copy, "results": rows})
     print(env)
     print(f"copy {copy:.0f} GB/s")
-    for m in (128, 4096, 32768):
-        for layout in ("row", "col_tma", "ue8m0"):
+    for m in a.m:
+        for layout in a.layouts:
             sel = sorted((r for r in rows if r["m"] == m and r["layout"] == layout), key=lambda r: r["us"])
             print(f"M={m} {layout}: " + ", ".join(
                 f"{r['impl']} {r['us']:.1f}us {r['ratio']:.2f}{'' if r.get('exact', True) else ' INEXACT'}"
