@@ -4,8 +4,7 @@
 
 Builds csrc/per_token_group_quant_8bit.cu once more with -DRTP_FP8_TUNING (sm_90a only,
 into a temp folder: a library of its own, `torch.ops.rtp_fp8_C_tuning.cfg`, never shipped)
-and times every compiled (threads per block, groups per thread, streaming loads, groups per row
-of a column-order block) instance
+and times every compiled (threads per block, groups per thread, streaming loads) instance
 beside the Triton op and the copy ceiling, at M in {128, 4096, 32768}, K=7168. Each
 instance is first checked bit-exact against the shipped op's result. The winners become
 the shipped kernel's launch shapes (csrc), the numbers go to docs/perf.md's notes.
@@ -25,10 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from tools import build_ext as B  # noqa: E402
 
-# (threads per block, groups per thread, streaming loads, groups per row of a column-order block)
-CONFIGS = [(th, it, st, 1) for st in (False, True) for th in (128, 256, 512) for it in (1, 2)] + [
-    (128, 1, False, 2), (128, 1, False, 4), (256, 1, False, 2), (256, 1, False, 4), (128, 2, False, 2),
-    (128, 2, False, 4)]
+CONFIGS = [(th, it, st) for st in (False, True) for th in (128, 256, 512) for it in (1, 2)]
 
 
 def build_tuning(out_dir: pathlib.Path, compile_only: bool = False) -> pathlib.Path:
@@ -84,19 +80,17 @@ def main():
             shipped = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="cuda"))
             rows.append({"m": m, "layout": layout, "impl": "cuda shipped", "us": shipped * 1e3,
                          "gbs": nbytes / (shipped * 1e-3) / 1e9})
-            for th, it, st, cg in CONFIGS:
-                if cg > 1 and layout != "col_tma":  # groups per row apply to column-order blocks only
-                    continue
+            for th, it, st in CONFIGS:
                 q.view(torch.uint8).fill_(0x7B)
                 s.view(torch.uint8).fill_(0x7B) if s.is_contiguous() else s.fill_(-1)
-                fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, st, cg)
+                fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, st)
                 fn()
                 torch.cuda.synchronize()
                 exact = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(
                     s.view(torch.int32) if s.dtype == torch.float32 else s,
                     want_s.view(torch.int32) if want_s.dtype == torch.float32 else want_s)
                 ms = graph_ms(fn)
-                rows.append({"m": m, "layout": layout, "impl": f"cuda t{th} i{it}{' cs' if st else ''} c{cg}",
+                rows.append({"m": m, "layout": layout, "impl": f"cuda t{th} i{it}{' cs' if st else ''}",
                              "us": ms * 1e3, "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
     for r in rows:
         r["ratio"] = r["gbs"] / copy

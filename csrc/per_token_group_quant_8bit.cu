@@ -35,8 +35,6 @@ namespace ptgq {
 // bf16 group 128: beat 256/512 threads and two groups per thread at M = 128, 4096 and 32768).
 constexpr int kBlockThreads = 128;
 constexpr int kItemsPerThread = 1;
-// Column-major scales: groups per row in a block (item_coords).
-constexpr int kColGroupsDefault = 1;
 
 enum class Layout { kRow, kCol, kColTma, kUe8m0 };
 
@@ -106,17 +104,14 @@ __device__ __forceinline__ float group_amax(const float (&v)[kElems]) {
 }
 
 // Item l of block b -> (row, group). Row order: items run along the rows (item = r * gp + g).
-// Column order (column-major FP32 scales): block b holds R / C rows x C groups, rows
-// [(b / gt) * R / C, + R / C) of groups [(b % gt) * C, + C) (gt = ceil(gp / C)); item l is row
-// l / C, group l % C, so a warp's groups are neighbours in a row. The block's scales leave by
-// group column (store_coords): R / C consecutive floats each, one coalesced store (one 4-byte
-// store per group costs a write transaction each: measured 10% at M = 32768).
+// Column order (column-major FP32 scales): block b holds rows [(b / gp) * R, + R) of group
+// b % gp, so its R scales are consecutive in memory and leave in one coalesced store (one
+// 4-byte store per group costs a write transaction each: measured 10% at M = 32768).
 __device__ __forceinline__ void item_coords(bool col_order, uint32_t b, uint32_t l, uint32_t R, uint32_t gp,
-                                            uint32_t C, uint32_t& row, uint32_t& g) {
+                                            uint32_t& row, uint32_t& g) {
   if (col_order) {
-    const uint32_t gt = (gp + C - 1) / C;
-    row = (b / gt) * (R / C) + l / C;
-    g = (b % gt) * C + l % C;
+    row = (b / gp) * R + l;
+    g = b % gp;
   } else {
     const uint32_t item = b * R + l;
     row = item / gp;
@@ -124,19 +119,11 @@ __device__ __forceinline__ void item_coords(bool col_order, uint32_t b, uint32_t
   }
 }
 
-// Column order: the store loop's l-th scale is row l % (R / C) of the block's group column
-// l / (R / C): -> the item index (item_coords' l) holding it.
-__device__ __forceinline__ uint32_t store_item(bool col_order, uint32_t l, uint32_t R, uint32_t C) {
-  if (!col_order) return l;
-  const uint32_t rpb = R / C;
-  return (l % rpb) * C + l / rpb;
-}
-
 // T: input element; VPT: 16-byte vectors per thread; TPG: threads per group.
 // Scales are gathered in shared memory and written by the block's first threads: FP32 ones
 // at their (row, group) address, packed UE8M0 words from four consecutive groups of a row.
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
-          int kItems = kItemsPerThread, bool kStream = false, int kColGroups = kColGroupsDefault>
+          int kItems = kItemsPerThread, bool kStream = false>
 __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
     const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, uint32_t m, int64_t k,
     uint32_t num_groups, uint32_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax,
@@ -163,8 +150,7 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
   // Issue every load first: kItems independent 16-byte loads per vector slot.
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    item_coords(col_order, blockIdx.x, it * kGroupsPerPass + sub, kItemsPerBlock, groups_padded, kColGroups, rows[it],
-                gs[it]);
+    item_coords(col_order, blockIdx.x, it * kGroupsPerPass + sub, kItemsPerBlock, groups_padded, rows[it], gs[it]);
     valid[it] = rows[it] < m && gs[it] < num_groups;
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
@@ -230,11 +216,10 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
   if (!kPacked) {
     __syncthreads();
     for (uint32_t l = threadIdx.x; l < kItemsPerBlock; l += kThreads) {
-      const uint32_t item = store_item(col_order, l, kItemsPerBlock, kColGroups);
       uint32_t row, g;
-      item_coords(col_order, blockIdx.x, item, kItemsPerBlock, groups_padded, kColGroups, row, g);
+      item_coords(col_order, blockIdx.x, l, kItemsPerBlock, groups_padded, row, g);
       if (row < m && g < num_groups) {
-        reinterpret_cast<float*>(scales)[(int64_t)row * stride_sm + (int64_t)g * stride_sg] = sscale[item];
+        reinterpret_cast<float*>(scales)[(int64_t)row * stride_sm + (int64_t)g * stride_sg] = sscale[l];
       }
     }
   }
@@ -264,21 +249,18 @@ Layout parse_layout(const std::string& s) {
 }
 
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
-          int kItems = kItemsPerThread, bool kStream = false, int kColGroups = kColGroupsDefault>
+          int kItems = kItemsPerThread, bool kStream = false>
 void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, int64_t k, int64_t g, float eps,
                   float qmax, cudaStream_t stream) {
   const int64_t gp = kPacked ? align4(g) : g;
   constexpr int kItemsPerBlock = (kThreads / TPG) * kItems;
   // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree).
   const bool col_order = !kPacked && m > 1 && s.stride(0) == 1;
-  constexpr int kRowsPerBlock = kItemsPerBlock / kColGroups;  // column order
-  static_assert(kItemsPerBlock % kColGroups == 0, "a column-order block holds whole rows of its groups");
-  const int64_t row_tiles = (m + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int64_t group_tiles = (gp + kColGroups - 1) / kColGroups;
-  const int64_t blocks = col_order ? row_tiles * group_tiles : (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
-  TORCH_CHECK(row_tiles * kRowsPerBlock * group_tiles * kColGroups + kItemsPerBlock < INT32_MAX,
-              "x has too many rows x groups (", m * gp, ") for one launch; split it");
-  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kStream, kColGroups>
+  const int64_t row_tiles = (m + kItemsPerBlock - 1) / kItemsPerBlock;
+  const int64_t blocks = col_order ? row_tiles * gp : (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
+  TORCH_CHECK(row_tiles * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (",
+              m * gp, ") for one launch; split it");
+  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kStream>
       <<<blocks, kThreads, 0, stream>>>(
       reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), (uint32_t)m,
       k, (uint32_t)g, (uint32_t)gp,
@@ -390,26 +372,22 @@ void per_token_group_quant_meta(const at::Tensor&, at::Tensor&, at::Tensor&, int
 // the block size, groups per thread and load cache hint given; the sweep validates its tensors
 // through the real op first.
 void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s, const std::string& scale_layout,
-                               int64_t threads, int64_t items, bool stream_loads, int64_t col_groups) {
+                               int64_t threads, int64_t items, bool stream_loads) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(1) % 128 == 0, "tuning op: bf16, group 128");
   const bool packed = parse_layout(scale_layout) == Layout::kUe8m0;
   const int64_t m = x.size(0), k = x.size(1), g = k / 128;
   cudaStream_t st = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-#define RTP_CFG(TH, IT, ST, CG)                                                                              \
-  if (threads == TH && items == IT && stream_loads == ST && col_groups == CG) {                              \
-    if (packed)                                                                                             \
-      return launch_typed<__nv_bfloat16, 2, 8, false, true, true, TH, IT, ST, CG>(x, q, s, m, k, g, 1e-10f, 448.f, \
-                                                                                  st);                      \
-    return launch_typed<__nv_bfloat16, 2, 8, false, false, false, TH, IT, ST, CG>(x, q, s, m, k, g, 1e-10f, 448.f, \
-                                                                                  st);                      \
+#define RTP_CFG(TH, IT, ST)                                                                                  \
+  if (threads == TH && items == IT && stream_loads == ST) {                                                  \
+    if (packed) return launch_typed<__nv_bfloat16, 2, 8, false, true, true, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, \
+                                                                                       448.f, st);          \
+    return launch_typed<__nv_bfloat16, 2, 8, false, false, false, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, 448.f, st); \
   }
-  RTP_CFG(128, 1, false, 1) RTP_CFG(128, 2, false, 1) RTP_CFG(256, 1, false, 1) RTP_CFG(256, 2, false, 1)
-  RTP_CFG(512, 1, false, 1) RTP_CFG(512, 2, false, 1) RTP_CFG(128, 1, true, 1) RTP_CFG(128, 2, true, 1)
-  RTP_CFG(256, 1, true, 1) RTP_CFG(256, 2, true, 1) RTP_CFG(512, 1, true, 1) RTP_CFG(512, 2, true, 1)
-  RTP_CFG(128, 1, false, 2) RTP_CFG(128, 1, false, 4) RTP_CFG(256, 1, false, 2) RTP_CFG(256, 1, false, 4)
-  RTP_CFG(128, 2, false, 2) RTP_CFG(128, 2, false, 4)
+  RTP_CFG(128, 1, false) RTP_CFG(128, 2, false) RTP_CFG(256, 1, false) RTP_CFG(256, 2, false)
+  RTP_CFG(512, 1, false) RTP_CFG(512, 2, false) RTP_CFG(128, 1, true) RTP_CFG(128, 2, true)
+  RTP_CFG(256, 1, true) RTP_CFG(256, 2, true) RTP_CFG(512, 1, true) RTP_CFG(512, 2, true)
 #undef RTP_CFG
-  TORCH_CHECK(false, "tuning op: no instance for threads=", threads, " items=", items, " col_groups=", col_groups);
+  TORCH_CHECK(false, "tuning op: no instance for threads=", threads, " items=", items);
 }
 #endif
 
@@ -418,8 +396,7 @@ void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s
 
 #ifdef RTP_FP8_TUNING
 TORCH_LIBRARY(rtp_fp8_C_tuning, m) {
-  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, bool stream, "
-        "int col_groups) -> ()");
+  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, bool stream) -> ()");
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C_tuning, CUDA, m) { m.impl("cfg", &rtp_fp8::ptgq::per_token_group_quant_cfg); }
 #else
