@@ -479,6 +479,10 @@ def _scatter_launch(x, x_scales, ids, rank, starts, ends, cursor, out, out_scale
 
 def _check_scatter(x, x_scales, topk_ids, out, out_scales):
     _check_ids(topk_ids)
+    for name, v in (("x", x), ("x_scales", x_scales), ("out", out), ("out_scales", out_scales)):
+        if not isinstance(v, torch.Tensor) or v.device != topk_ids.device:
+            got = v.device if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{name} must be a tensor on topk_ids' device {topk_ids.device}, got {got}")
     t = topk_ids.shape[0]
     if x.dim() != 2 or x.shape[0] != t:
         raise ValueError(f"x must be [tokens={t}, H], got shape {tuple(x.shape)}")

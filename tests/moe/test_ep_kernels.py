@@ -373,3 +373,7 @@ def test_dispatch_overflow_and_bad_input(device, scale_path):
         K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap], 3)
     with pytest.raises(ValueError, match="out_scales must be"):
         K.ep_dispatch(x, xs, ids, E, buf[:cap], sbuf[:cap - 1], align)
+    with pytest.raises(ValueError, match="x must be a tensor on topk_ids' device"):  # before any launch
+        K.ep_dispatch(x.to("meta"), xs, ids, E, buf[:cap], sbuf[:cap], align)
+    with pytest.raises(ValueError, match="out_scales must be a tensor on topk_ids' device"):
+        K.ep_scatter(x, xs, ids, lay[1], buf[:cap], sbuf[:cap].to("meta"), lay[3])
