@@ -20,11 +20,14 @@ import dataclasses
 import logging
 import os
 
+import torch
+
 from rtp_fp8 import arch as A
 from rtp_fp8._logging import log_once
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm import reference as R
 from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.quant import layout as L
 
 log = logging.getLogger(__name__)
 BACKEND_ENV = "RTP_FP8_GEMM_BACKEND"
@@ -38,33 +41,72 @@ def _log_once(msg: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
+    """Every backend validates its arguments the same way (the Triton checks, ValueError naming the
+    argument) before it launches anything; DeepGEMM additionally needs the Arch's scale format."""
+
     name: str
     arch: A.Arch
 
     def gemm_nt(self, a, sa, b, sb, out=None):
-        if self.name == "deepgemm":
-            return D.fp8_gemm_nt(a, sa, b, sb, G._check_out(out, (a.shape[0], b.shape[0]), a.device), self.arch)
+        if self.name == "triton":
+            return G.fp8_gemm_nt(a, sa, b, sb, out=out)
+        out, _, _, sb_div = G.check_dense(a, sa, b, sb, out)
         if self.name == "reference":
             return _ref_into(out, R.gemm_nt_ref(a, sa, b, sb))
-        return G.fp8_gemm_nt(a, sa, b, sb, out=out)
+        _deepgemm_scales(self.arch, sa, sb, sb_div, (), (), a.shape[0], b.shape[0], a.shape[1])
+        return D.fp8_gemm_nt(a, sa, b, sb, out, self.arch)
 
     def grouped_contiguous(self, a, sa, b, sb, m_indices, out=None, alignment=128, counters=None):
-        if self.name == "deepgemm":
-            out = G._check_out(out, (a.shape[0], b.shape[1]), a.device)
-            with D.mk_alignment(alignment):
-                return D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out, self.arch)
+        if self.name == "triton":
+            return G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=out, counters=counters,
+                                                      alignment=alignment)
+        # counters (padding rows, invalid ids) are counted by the Triton kernel only: validated, left unchanged here
+        out, _, _, _, sb_div = G.check_contiguous(a, sa, b, sb, m_indices, out, counters, alignment)
         if self.name == "reference":
             return _ref_into(out, R.grouped_contiguous_ref(a, sa, b, sb, m_indices))
-        return G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=out, counters=counters,
-                                                  alignment=alignment)
+        _deepgemm_scales(self.arch, sa, sb, sb_div, (), (b.shape[0],), a.shape[0], b.shape[1], a.shape[1])
+        with D.mk_alignment(alignment):
+            return D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out, self.arch)
 
     def grouped_masked(self, a, sa, b, sb, masked_m, expected_m=None, out=None):
-        if self.name == "deepgemm":
-            out = G._check_out(out, (a.shape[0], a.shape[1], b.shape[1]), a.device)
-            return D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m or a.shape[1], out, self.arch)
+        if self.name == "triton":
+            return G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=expected_m, out=out)
+        out, _, _, sb_div = G.check_masked(a, sa, b, sb, masked_m, out)
+        G.check_expected_m(expected_m)
         if self.name == "reference":
             return _ref_into(out, R.grouped_masked_ref(a, sa, b, sb, masked_m), masked_m)
-        return G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=expected_m, out=out)
+        e, mmax, k = a.shape
+        _deepgemm_scales(self.arch, sa, sb, sb_div, (e,), (e,), mmax, b.shape[1], k)
+        return D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m or mmax, out, self.arch)
+
+
+def _deepgemm_scales(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
+    """The scales DeepGEMM consumes for arch, or ValueError naming the argument.
+
+    SM90: FP32, A column-major TMA-aligned ("col_tma"; another layout would be transposed on every
+    call), B per 128x128 block and contiguous. SM100: packed UE8M0 ("ue8m0" layout) for both; FP32
+    scales given there would be truncated to their exponent without requantizing the FP8 values,
+    a silently wrong product, so they are refused. Per-row FP32 B scales are a Triton-only format.
+    """
+    groups = L.cdiv(k, G.GRAN)
+    if arch.scale_format == "ue8m0":
+        for name, s in (("sa", sa), ("sb", sb)):
+            if s.dtype != torch.int32:
+                raise ValueError(f"{name} must be packed UE8M0 int32 for DeepGEMM on {arch} (its FP32 scales are "
+                                 f"truncated to UE8M0 without requantizing the FP8 values), got {s.dtype}")
+        L.check_scales(sa, lead_a, rows, groups, "ue8m0", name="sa")
+        L.check_scales(sb, lead_b, n, groups, "ue8m0", name="sb")
+        return
+    for name, s in (("sa", sa), ("sb", sb)):
+        if s.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 scales for DeepGEMM on {arch} ({arch.scale_format} format), "
+                             f"got {s.dtype}")
+    L.check_scales(sa, lead_a, rows, groups, "col_tma", name="sa")
+    if sb_div != G.GRAN:
+        raise ValueError(f"sb must be 128x128 block scales {(*lead_b, L.cdiv(n, G.GRAN), groups)} for DeepGEMM on "
+                         f"{arch} (per-row FP32 B scales are Triton-only), got {tuple(sb.shape)}")
+    if not sb.is_contiguous():
+        raise ValueError(f"sb must be contiguous for DeepGEMM on {arch}, got strides {sb.stride()}")
 
 
 def _ref_into(out, ref, masked_m=None):

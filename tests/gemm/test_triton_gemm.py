@@ -171,31 +171,107 @@ def test_grouped_masked(backend, device, fmt):
             assert rel_l2(out[i, :mm], ref) <= TOL
 
 
-def test_bad_input_names_the_argument():
+def _no_launch(monkeypatch):
+    """Any kernel launch (Triton or DeepGEMM) fails the test: bad input must be refused before."""
+    def launched(*args, **kwargs):
+        raise AssertionError("launched despite bad input")
+
+    for name in ("_launch", "_launch_tma", "_launch_ws"):
+        monkeypatch.setattr(G, name, launched)
+    for name in ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"):
+        monkeypatch.setattr(BK.D, name, launched)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_input_names_the_argument(backend, monkeypatch):
+    """The same bad calls through every backend (DeepGEMM's validation runs before DeepGEMM is
+    touched, so it is checked here on CPU too): ValueError naming the argument, no launch."""
+    _no_launch(monkeypatch)
+    be = BK.Backend(backend, A.Arch(9, 0))
     a, sa, b, sb = _operands(8, 256, 512, "fp32", "cpu")
     ids = torch.zeros(8, dtype=torch.int32)
     b3, sb3 = b[None], sb[None]
+    a3, sa3 = a[None], sa[None]
+    masked = torch.zeros(1, dtype=torch.int32)
     cases = [
-        (lambda: G.fp8_gemm_nt(a, sa, b[:, :384], sb[:, :3]), ValueError, "b has K=384, a has K=512"),
-        (lambda: G.fp8_gemm_nt(a.float(), sa, b, sb), TypeError, "a must be torch.float8_e4m3fn"),
-        (lambda: G.fp8_gemm_nt(a, sa[:, :3], b, sb), ValueError, "sa must have shape"),
-        (lambda: G.fp8_gemm_nt(a, sa.double(), b, sb), TypeError, "sa must be float32"),
-        (lambda: G.fp8_gemm_nt(a, sa, b, sb[:1]), ValueError, "sb must have shape"),
-        (lambda: G.fp8_gemm_nt(a, sa, b, sb, out=torch.empty(8, 256)), ValueError, "out must be bfloat16"),
-        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids.long()), ValueError, "m_indices must be int32"),
-        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids[:4]), ValueError, "m_indices must be"),
-        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids, alignment=8), ValueError, "alignment"),
-        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, torch.zeros(16, dtype=torch.int32)[::2]),
-         ValueError, "m_indices must be .* contiguous"),
-        (lambda: G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b3, sb3, ids,
-                                                    counters=torch.zeros(4, dtype=torch.int32)[::2]),
-         ValueError, "counters must be contiguous"),
-        (lambda: G.m_grouped_fp8_gemm_nt_masked(*(t[None].expand(2, *t.shape).contiguous() for t in (a, sa, b, sb)),
-                                                torch.zeros(4, dtype=torch.int32)[::2]),
-         ValueError, "masked_m must be .* contiguous"),
-        (lambda: G.m_grouped_fp8_gemm_nt_masked(a[None], sa[None], b3, sb3, torch.zeros(2, dtype=torch.int32)),
-         ValueError, "masked_m must be int32 of shape"),
+        (lambda: be.gemm_nt(a, sa, b[:, :384], sb[:, :3]), "b has K=384, a has K=512"),
+        (lambda: be.gemm_nt(a.float(), sa, b, sb), "a must be torch.float8_e4m3fn"),
+        (lambda: be.gemm_nt(a, sa, b.to(torch.float8_e5m2), sb), "b must be torch.float8_e4m3fn"),
+        (lambda: be.gemm_nt(a, sa[:, :3], b, sb), "sa must have shape"),
+        (lambda: be.gemm_nt(a, sa.double(), b, sb), "sa must be float32"),
+        (lambda: be.gemm_nt(a, sa, b, sb[:1]), "sb must have shape"),
+        (lambda: be.gemm_nt(a, sa, b, sb, out=torch.empty(8, 256)), "out must be bfloat16"),
+        (lambda: be.gemm_nt(a, sa, b, sb, out=torch.empty(8, 128, dtype=torch.bfloat16)),
+         "out must be bfloat16 of shape"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3, ids.long()), "m_indices must be int32"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3, ids[:4]), "m_indices must be"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3, ids, alignment=8), "alignment"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3, torch.zeros(16, dtype=torch.int32)[::2]),
+         "m_indices must be .* contiguous"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3, ids, counters=torch.zeros(4, dtype=torch.int32)[::2]),
+         "counters must be contiguous"),
+        (lambda: be.grouped_contiguous(a, sa, b3, sb3[:, :1], ids), "sb must have shape"),
+        (lambda: be.grouped_masked(*(t[None].expand(2, *t.shape).contiguous() for t in (a, sa, b, sb)),
+                                   torch.zeros(4, dtype=torch.int32)[::2]), "masked_m must be .* contiguous"),
+        (lambda: be.grouped_masked(a3, sa3, b3, sb3, torch.zeros(2, dtype=torch.int32)),
+         "masked_m must be int32 of shape"),
+        (lambda: be.grouped_masked(a3, sa3, torch.cat([b3, b3]), torch.cat([sb3, sb3]), masked),
+         "b has 2 experts, a has 1"),
+        (lambda: be.grouped_masked(a3, sa3, b3, sb3, masked, expected_m=0), "expected_m must be a positive int"),
+        (lambda: be.grouped_masked(a3, sa3, b3, sb3, masked, out=torch.empty(1, 8, 256)), "out must be bfloat16"),
     ]
-    for fn, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
+    for fn, msg in cases:
+        with pytest.raises(ValueError, match=msg):
             fn()
+
+
+def test_deepgemm_refuses_scales_of_another_format(monkeypatch):
+    """DeepGEMM consumes the Arch's format only; anything else is refused before the call, never
+    converted (FP32 scales on SM100 would be truncated to UE8M0 without requantizing: wrong)."""
+    _no_launch(monkeypatch)
+    a, sa, b, sb = _operands(7, 256, 1024, "fp32", "cpu")  # 7 rows: TMA-aligned strides differ from dense ones
+    au, sau, bu, sbu = _operands(7, 256, 1024, "ue8m0", "cpu")
+    _, _, br, sbr = _operands(7, 256, 1024, "fp32_rows", "cpu")
+    from rtp_fp8.quant import layout as L
+
+    sm90, sm100 = BK.Backend("deepgemm", A.Arch(9, 0)), BK.Backend("deepgemm", A.Arch(10, 0))
+    cases = [
+        (lambda: sm100.gemm_nt(a, sa, b, sb), "sa must be packed UE8M0 int32 for DeepGEMM on sm100"),
+        (lambda: sm100.gemm_nt(au, sau, b, sb), "sb must be packed UE8M0 int32"),
+        (lambda: sm100.gemm_nt(au, sau.contiguous(), bu, sbu), "sa must have strides"),
+        (lambda: sm90.gemm_nt(au, sau, bu, sbu), "sa must be float32 scales for DeepGEMM on sm90"),
+        (lambda: sm90.gemm_nt(a, L.to_layout(sa, "row"), b, sb), "sa must have strides .* 'col_tma'"),
+        (lambda: sm90.gemm_nt(a, sa, br, sbr), "sb must be 128x128 block scales"),
+        (lambda: sm90.gemm_nt(a, sa, b, sb.t().contiguous().t()), "sb must be contiguous"),
+        (lambda: sm100.grouped_contiguous(a, sa, b[None], sb[None], torch.zeros(7, dtype=torch.int32)),
+         "sa must be packed UE8M0"),
+        (lambda: sm90.grouped_masked(au[None], sau[None], bu[None], sbu[None], torch.zeros(1, dtype=torch.int32)),
+         "sa must be float32 scales"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+def test_deepgemm_gets_the_formats_it_consumes(monkeypatch):
+    """Valid operands in the Arch's format reach DeepGEMM unchanged (the tensors themselves), with
+    the mk-alignment set around the contiguous call."""
+    calls = []
+    monkeypatch.setattr(BK.D, "fp8_gemm_nt", lambda *args: calls.append(("dense", args)) or args[4])
+    monkeypatch.setattr(BK.D, "m_grouped_fp8_gemm_nt_masked", lambda *args: calls.append(("masked", args)) or args[6])
+    for fmt, arch in (("fp32", A.Arch(9, 0)), ("ue8m0", A.Arch(10, 0))):
+        a, sa, b, sb = _operands(8, 256, 512, fmt, "cpu")
+        be = BK.Backend("deepgemm", arch)
+        out = be.gemm_nt(a, sa, b, sb)
+        assert out.shape == (8, 256) and out.dtype == torch.bfloat16
+        _, args = calls.pop()
+        assert all(x is y for x, y in zip(args[:4], (a, sa, b, sb))) and args[5] == arch
+        from rtp_fp8.quant import layout as L
+
+        g = 512 // 128
+        sa3 = L.alloc_scales((1,), 8, g, "ue8m0" if fmt == "ue8m0" else "col_tma", "cpu")
+        sa3[0].copy_(sa)
+        masked = torch.tensor([5], dtype=torch.int32)
+        be.grouped_masked(a[None], sa3, b[None], sb[None], masked)
+        _, args = calls.pop()
+        assert args[5] == 8  # expected_m defaults to the capacity

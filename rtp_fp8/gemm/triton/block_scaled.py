@@ -207,7 +207,7 @@ def _check_fp8(t, name, dims):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.float8_e4m3fn:
-        raise TypeError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
+        raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
     if t.dim() != dims:
         raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
     if t.stride(-1) != 1:
@@ -224,7 +224,7 @@ def _check_scale(s, name, lead, rows, k, packed_ok=True):
     elif s.dtype == torch.int32 and packed_ok:
         want = (*lead, rows, cdiv(kg, 4))
     else:
-        raise TypeError(f"{name} must be float32 (FP32 scales) or int32 (packed UE8M0), got {s.dtype}")
+        raise ValueError(f"{name} must be float32 (FP32 scales) or int32 (packed UE8M0), got {s.dtype}")
     if tuple(s.shape) != want:
         raise ValueError(f"{name} must have shape {want} for K={k} and {s.dtype}, got {tuple(s.shape)}")
     return s.dtype == torch.int32
@@ -368,8 +368,8 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     return True
 
 
-def fp8_gemm_nt(a, sa, b, sb, out=None):
-    """Dense: a [M, K], b [N, K] -> out [M, N] bf16."""
+def check_dense(a, sa, b, sb, out=None):
+    """Validate a dense call (every backend runs this first): (out, packed_a, packed_b, sb_div)."""
     _check_fp8(a, "a", 2)
     _check_fp8(b, "b", 2)
     m, k = a.shape
@@ -379,7 +379,14 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     packed_a = _check_scale(sa, "sa", (), m, k)
     packed_b, sb_div = _b_scales(sb, (), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb)
-    out = _check_out(out, (m, n), a.device)
+    return _check_out(out, (m, n), a.device), packed_a, packed_b, sb_div
+
+
+def fp8_gemm_nt(a, sa, b, sb, out=None):
+    """Dense: a [M, K], b [N, K] -> out [M, N] bf16."""
+    out, packed_a, packed_b, sb_div = check_dense(a, sa, b, sb, out)
+    m, k = a.shape
+    n = b.shape[0]
     if m == 0 or n == 0:
         return out
     if _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):  # ids / counters: unread when dense
@@ -393,10 +400,8 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     return out
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
-    """a [M_sum, K] rows grouped by expert (m_indices [M_sum] int32, -1 = padding),
-    b [E, N, K] -> out [M_sum, N]. Every expert segment starts at a multiple of
-    `alignment` (the mk-alignment, a multiple of 16); the tile height divides it."""
+def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
+    """Validate an m-grouped contiguous call: (out, counters, packed_a, packed_b, sb_div)."""
     _check_fp8(a, "a", 2)
     _check_fp8(b, "b", 3)
     m, k = a.shape
@@ -414,13 +419,23 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
     out = _check_out(out, (m, n), a.device)
     if counters is None:
         counters = torch.zeros(2, dtype=torch.int32, device=a.device)
-    elif (counters.dtype != torch.int32 or counters.shape != (2,) or counters.device != a.device
-          or not counters.is_contiguous()):
+    elif (not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.shape != (2,)
+          or counters.device != a.device or not counters.is_contiguous()):
         raise ValueError("counters must be contiguous int32 of shape (2,) on a's device")
-    if m == 0 or n == 0:
-        return out
     if not isinstance(alignment, int) or alignment < 16 or alignment % 16:
         raise ValueError(f"alignment must be a positive multiple of 16 (tile rows share one expert), got {alignment!r}")
+    return out, counters, packed_a, packed_b, sb_div
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
+    """a [M_sum, K] rows grouped by expert (m_indices [M_sum] int32, -1 = padding),
+    b [E, N, K] -> out [M_sum, N]. Every expert segment starts at a multiple of
+    `alignment` (the mk-alignment, a multiple of 16); the tile height divides it."""
+    out, counters, packed_a, packed_b, sb_div = check_contiguous(a, sa, b, sb, m_indices, out, counters, alignment)
+    m, k = a.shape
+    e, n = b.shape[:2]
+    if m == 0 or n == 0:
+        return out
     if _launch_ws(CONTIGUOUS, a, sa, b, sb, m_indices, counters, e, out, packed_a, sb_div, alignment):
         return out
     bm, bn, bk, warps, stages, gm = _config(m, n, k)
@@ -433,10 +448,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
     return out
 
 
-def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None):
-    """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] untouched.
-
-    expected_m (a hint of the typical rows per expert) picks the tile size."""
+def check_masked(a, sa, b, sb, masked_m, out=None):
+    """Validate an m-grouped masked call: (out, packed_a, packed_b, sb_div)."""
     _check_fp8(a, "a", 3)
     _check_fp8(b, "b", 3)
     e, mmax, k = a.shape
@@ -451,7 +464,23 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     packed_a = _check_scale(sa, "sa", (e,), mmax, k)
     packed_b, sb_div = _b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, masked_m=masked_m)
-    out = _check_out(out, (e, mmax, n), a.device)
+    return _check_out(out, (e, mmax, n), a.device), packed_a, packed_b, sb_div
+
+
+def check_expected_m(expected_m):
+    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 1):
+        raise ValueError(f"expected_m must be a positive int (rows per expert, a tile-size hint) or None, "
+                         f"got {expected_m!r}")
+
+
+def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None):
+    """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] untouched.
+
+    expected_m (a hint of the typical rows per expert) picks the tile size."""
+    out, packed_a, packed_b, sb_div = check_masked(a, sa, b, sb, masked_m, out)
+    check_expected_m(expected_m)
+    e, mmax, k = a.shape
+    n = b.shape[1]
     if e == 0 or mmax == 0 or n == 0:
         return out
     bm, bn, bk, warps, stages, gm = _config(expected_m if expected_m is not None else mmax, n, k)
