@@ -51,24 +51,35 @@ def _measure(flops, call, out, ws_applies):
     return r
 
 
-def dense(m, n, k):
+def dense_inputs(m, n, k):
+    """(a, sa, b, sb, out) for M x N x K in the SM90 formats."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
     b, sb = B.quantize_weight_blocks(w)
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    return _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
-                    G.ws_refusal(G.DENSE, a, sa, b, sb, out) is None)
+    return a, sa, b, sb, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
 
-def grouped(g, m, n, k):
+def grouped_inputs(g, m, n, k):
+    """(a, sa, b, sb, ids, out, counters): g experts of m rows each."""
     x = torch.randn(g * m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
     b, sb = B.quantize_weight_blocks(w)
     ids = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(m)
     out = torch.empty(g * m, n, device="cuda", dtype=torch.bfloat16)
-    cnt = torch.zeros(2, device="cuda", dtype=torch.int32)
+    return a, sa, b, sb, ids, out, torch.zeros(2, device="cuda", dtype=torch.int32)
+
+
+def dense(m, n, k):
+    a, sa, b, sb, out = dense_inputs(m, n, k)
+    return _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
+                    G.ws_refusal(G.DENSE, a, sa, b, sb, out) is None)
+
+
+def grouped(g, m, n, k):
+    a, sa, b, sb, ids, out, cnt = grouped_inputs(g, m, n, k)
+
     def call():
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 

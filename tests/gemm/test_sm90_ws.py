@@ -54,6 +54,15 @@ def test_plan_accepts_the_sm90_case_and_names_each_refusal():
     assert "aligned to 128 rows" in _plan(ge, gsa, gb, gsb, grouped=True, alignment=64)
 
 
+def test_plan_counts_wide_tiles(monkeypatch):
+    a, sa, b, sb = _ops(1536, 1408, 256, "cpu")  # 12 x 6 tiles of 128x256
+    assert _plan(a, sa, b, sb, bn=W.WIDE_BN) == "72 tiles of 128x256 for 132 SMs"
+    assert _plan(a, sa, b, sb, bn=W.WIDE_BN, sms=72) is None
+    assert _plan(a, sa, b, sb, bn=192) == "bn must be 128 or 256, got 192"
+    monkeypatch.setattr(W, "BN", W.WIDE_BN)  # the dispatch's tile width, as the GPU tests switch it
+    assert _plan(a, sa, b, sb) == "72 tiles of 128x256 for 132 SMs"
+
+
 def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
     monkeypatch.setattr(W, "LIST_WARP_SPECIALIZE", False)
@@ -110,17 +119,21 @@ def test_dense_is_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
     assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
 
 
+def _grouped_case(n, k, seed):
+    """(ids, a, sa, b, sb, poisoned out, zero counters), E=4: expert 0: 512 rows; 128 padding rows;
+    expert 2: 384 rows; 128 rows of id 9; a ragged expert 3 segment of 200 rows padded to 256;
+    expert 1 empty. The counters must end at [184 padding rows, 128 invalid]."""
+    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)]
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
+    a, sa, b, sb = _ops(ids.numel(), n, k, "cuda", e=4, seed=seed)
+    out = torch.full((ids.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    return ids, a, sa, b, sb, out, torch.zeros(2, dtype=torch.int32, device="cuda")
+
+
 @pytest.mark.gpu_sm90
 @pytest.mark.parametrize("k", [512, 1152])
 def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k):
-    # expert 0: 512 rows; 128 padding rows; expert 2: 384 rows; 128 rows of id 9 (E=4); a ragged
-    # expert 3 segment of 200 rows padded to 256; experts 1 and none else empty
-    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)]
-    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
-    m, n = ids.numel(), 2048
-    a, sa, b, sb = _ops(m, n, k, "cuda", e=4, seed=k)
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
+    ids, a, sa, b, sb, out, cnt = _grouped_case(2048, k, seed=k)
     calls = _spy(monkeypatch)
     G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
     assert calls == [G.CONTIGUOUS]
@@ -132,3 +145,34 @@ def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k):
     oracle = GR.grouped_contiguous_ref(a, sa, b, sb, ids)
     valid = ((ids >= 0) & (ids < 4)).cpu()
     assert rel_l2(out.cpu()[valid].double(), oracle.cpu()[valid].double()) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128)])
+@pytest.mark.parametrize("epilogue", ["tma", "pointer"])
+def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
+    """The 128x256 experiment (sm90_ws.WIDE_BN), launched directly: N=2000 ends in a partial second
+    half, N=2112 in a tile whose second half lies past N (not computed from real data, not
+    stored), N=1408 in whole halves; guard columns stay poisoned."""
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + k + 1)
+    pad = 8 if epilogue == "tma" else 3
+    buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=W.WIDE_BN)
+    ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
+    assert torch.equal(out, ref)
+    assert bool(torch.isnan(buf[:, n:]).all())
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("n", [2048, 2112])
+def test_wide_grouped_tiles_are_bit_identical_to_triton(monkeypatch, n):
+    """Wide contiguous tiles, launched directly: padding rows, an out-of-range id and empty
+    experts, counters; N=2112 puts the next expert's B rows in the last tile's second half, which
+    must not reach the output."""
+    ids, a, sa, b, sb, out, cnt = _grouped_case(n, 1152, seed=n)
+    W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, out, bn=W.WIDE_BN)
+    cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
+    ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
+    assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)
+    assert cnt.tolist() == [184, 128]

@@ -31,30 +31,36 @@ CHILD = """
 import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
-kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]))
+kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]))
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
 """
 
 
-@pytest.mark.parametrize("mode,epi_tma", [(0, 0), (0, 1), (1, 0), (1, 1)],
-                         ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store"])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma):
+@pytest.mark.parametrize("mode,epi_tma,bn", [(0, 0, 128), (0, 1, 128), (1, 0, 128), (1, 1, 128),
+                                             (0, 0, sm90_ws.WIDE_BN), (0, 1, sm90_ws.WIDE_BN),
+                                             (1, 0, sm90_ws.WIDE_BN)],
+                         ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "wide-dense",
+                              "wide-dense-tma_store", "wide-contiguous"])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn):
+    """Every variant launch() can run (wide contiguous tiles keep pointer stores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma)], check=True, cwd=ROOT,
-                   env=env)
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn)], check=True,
+                   cwd=ROOT, env=env)
+    wide = bn != 128
     ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
         "cp.async.bulk.tensor.2d.shared::cta.global") == 2
     assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") + ptx.count(
         "cp.async.bulk.tensor.1d.shared::cluster.global") == 1
-    # the TMA epilogue: one 64-row store per consumer and tile
-    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == (2 if epi_tma else 0)
+    # the TMA epilogue: one 64-row store per consumer and 128-column half
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else 2) if epi_tma else 0)
     assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
-    # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps)
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * 3 * 4
+    # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps);
+    # wide: 2 consumers x 2 sites (one per 128-column half) x 4
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == (2 * 2 * 4 if wide else 2 * 3 * 4)
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)

@@ -24,6 +24,9 @@ promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split
 
 Persistent programs walk tiles pid, pid + nprog, ... in block_scaled's grouped-M order; all
 three partitions walk the same sequence.
+
+`launch(..., bn=WIDE_BN)` runs 128x256 tiles instead (see WIDE_BN below); block_scaled's
+dispatch does not select them (BN stays 128) until bench/ws_tiles.py measures them faster.
 """
 
 from __future__ import annotations
@@ -47,20 +50,31 @@ from rtp_fp8.quant.layout import cdiv
 # gl.warp_specialize([(fn, args), ...], warps, regs) is Triton >= 3.6's form; 3.5 (the cuda12_8
 # toolchain's pin) takes (default_args, default_fn, worker_args, worker_fns, ...): plan() refuses there.
 LIST_WARP_SPECIALIZE = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
-BM, BN, BK, HALF = 128, 128, 128, 64
+BM, BK, HALF = 128, 128, 64
+# Tile width. 128 (shipped): each consumer's m64n128 wgmma runs while it promotes the previous
+# step (three 64x128 FP32 tiles live). WIDE_BN (256): per step each consumer runs two m64n128
+# wgmmas, one per 128-column half (one B scale each), each promoted right after its wait (three
+# 64x128 tiles live: two accumulators and the fresh one); the other consumer's MMAs keep the
+# tensor cores busy meanwhile, and each byte of A in shared memory serves twice the FLOPs.
+# An experiment: `bn=WIDE_BN` reaches it (bench/gemm.py --ws-bn); the dispatch keeps BN until the
+# H200 shows it faster (docs/perf.md).
+BN = 128
+WIDE_BN = 256
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
+STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 GROUP_M = 8
 # Tiles of this many 128-column blocks or more walk GROUP_M_WIDE row tiles per group: measured on the H200
 # (4096 x 24576 x 1536: 940 -> 975 TFLOP/s, 4096 x 32768 x 512: 775 -> 801; N <= 7168 within 1 % of 8).
 WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 # TMA box and element type of each descriptor (the launch and the offline compile build from it):
 # A and B tiles, the step's A-row scales, a consumer's half of the output tile.
-BOXES = {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([BN, BK], "float8e4nv", "fp8e4nv"),
-         "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, BN], "bfloat16", "bf16")}
+def boxes(bn=None):
+    bn = bn or BN
+    return {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
+            "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, 128], "bfloat16", "bf16")}
 
 
-def _box_layout(name):
-    block, dtype, _ = BOXES[name]
+def _box_layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
 
 
@@ -93,6 +107,33 @@ def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, str
 
 
 @gluon.jit
+def _step_wide(c: gl.constexpr, kb, g, acc0, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
+               row_layout: gl.constexpr):
+    """K step kb (ring step g) of a 256-column tile: per 128-column half, its wgmma, waited, then
+    promoted with the half's B scale -> (acc0, acc1, g + 1). A second half past N (hi_ok false)
+    multiplies TMA's zero fill with a zero scale (its scale row does not exist) and is not stored."""
+    a_bufs, b_bufs, sa_bufs, full, empty = ring
+    NSTAGES: gl.constexpr = full.shape[0]
+    s = g % NSTAGES
+    mbarrier.wait(full.index(s), (g // NSTAGES) & 1)
+    a = a_bufs.index(s).slice(c * 64, 64)
+    b = b_bufs.index(s)
+    tok = warpgroup_mma(a, b.slice(0, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
+    sa = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
+    sb0 = gl.load(sb_row + kb * stride_sbk)
+    sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=hi_ok, other=0.0)
+    part = warpgroup_mma_wait(0, deps=(tok, ))
+    acc0 = acc0 + part * gl.expand_dims(sa * sb0, 1)
+    # The second MMA writes into `part`'s registers (use_acc=False: their values are not read), so
+    # ptxas must finish the promotion above before issuing it: four live 64x128 tiles would spill.
+    tok = warpgroup_mma(a, b.slice(128, 128).permute((1, 0)), part, use_acc=False, is_async=True)
+    part = warpgroup_mma_wait(0, deps=(tok, ))
+    mbarrier.arrive(empty.index(s), count=1)
+    acc1 = acc1 + part * gl.expand_dims(sa * sb1, 1)
+    return acc0, acc1, g + 1
+
+
+@gluon.jit
 def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
     """(expert of the tile, K steps to run): contiguous mode takes the tile's first row's id and
     runs no step when it is -1 or out of range; dense: (0, nk). Every partition derives it alike."""
@@ -105,9 +146,10 @@ def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
 
 
 @gluon.jit
-def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, pid_n, c: gl.constexpr, e, nk, M, MODE: gl.constexpr):
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, col_blk, c: gl.constexpr, e, nk, M,
+               MODE: gl.constexpr):
     """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
-    become zeros; column tile 0 counts the -1 rows (counters[0]) and rows of another or an
+    become zeros; 128-column block 0 counts the -1 rows (counters[0]) and rows of another or an
     invalid id (counters[1]), as the Triton kernels do. Dense: v unchanged."""
     if MODE == 1:
         rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
@@ -115,10 +157,31 @@ def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, pid_n, c: gl.co
         ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
         ok = rmask & (ids == e) & (nk > 0)
         v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
-        if pid_n == 0:
+        if col_blk == 0:
             gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
             gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
     return v
+
+
+@gluon.jit
+def _store_half(acc, h: gl.constexpr, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, col_blk, e,
+                nk, M, N, stride_dm, mma_layout: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
+    """Consumer c's 64 rows of 128-column block col_blk, as bf16 (h: which of a wide tile's halves)."""
+    if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next step starts
+        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, pid_m, col_blk, c, e, nk, M, MODE)
+        cbuf = c_bufs.index(c)
+        tma.store_wait(0)  # the previous store has read the buffer
+        cbuf.store(vt)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * 128 + c * 64, col_blk * 128], cbuf)
+    else:
+        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        v = _mask_rows(gl.convert_layout(acc.to(gl.bfloat16), out_layout), out_layout, grp_ptr, cnt_ptr, pid_m,
+                       col_blk, c, e, nk, M, MODE)
+        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        cols = col_blk * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
+        dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
+        gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
 
 
 @gluon.jit
@@ -128,16 +191,16 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+    TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
     ring = (a_bufs, b_bufs, sa_bufs, full, empty)
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    tiles_n = gl.cdiv(N, 128)
+    tiles_n = gl.cdiv(N, TN)
     num_tiles = TILES_M * tiles_n
     zero = gl.zeros((64, 128), gl.float32, mma_layout)
     no_scale = gl.zeros((64, ), gl.float32, row_layout)
@@ -145,34 +208,36 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     for tile in range(pid, num_tiles, nprog):
         pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
         e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
-        sb_row = sb_ptr + e * stride_sbe + pid_n * stride_sbn
-        # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
+        blk = pid_n * (TN // 128)  # the tile's first 128-column block (its B scale row)
+        sb_row = sb_ptr + e * stride_sbe + blk * stride_sbn
         acc = zero
-        part = zero
-        sa = no_scale
-        sb = 0.0
-        for kb in range(0, nk - 1, 2):
-            acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout)
-            acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout)
-        if nk % 2 == 1:
-            acc, part, sa, sb, g = _step(c, nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout)
-        acc = acc + part * gl.expand_dims(sa * sb, 1)
-        if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next tile starts
-            vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, pid_m, pid_n, c, e, nk, M, MODE)
-            cbuf = c_bufs.index(c)
-            tma.store_wait(0)  # the previous tile's store has read the buffer
-            cbuf.store(vt)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [pid_m * 128 + c * 64, pid_n * 128], cbuf)
+        if TN == 128:
+            # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
+            part = zero
+            sa = no_scale
+            sb = 0.0
+            for kb in range(0, nk - 1, 2):
+                acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                             row_layout)
+                acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                             row_layout)
+            if nk % 2 == 1:
+                acc, part, sa, sb, g = _step(c, nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                             row_layout)
+            acc = acc + part * gl.expand_dims(sa * sb, 1)
+            _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk, e, nk, M, N, stride_dm,
+                        mma_layout, MODE, EPI_TMA)
         else:
-            v = _mask_rows(gl.convert_layout(acc.to(gl.bfloat16), out_layout), out_layout, grp_ptr, cnt_ptr, pid_m,
-                           pid_n, c, e, nk, M, MODE)
-            rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-            cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
-            dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
-            gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+            acc1 = zero
+            hi_ok = (blk + 1) * 128 < N
+            for kb in range(nk):
+                acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
+                                          row_layout)
+            _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk, e, nk, M, N, stride_dm,
+                        mma_layout, MODE, EPI_TMA)
+            if hi_ok:
+                _store_half(acc1, 1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk + 1, e, nk, M, N,
+                            stride_dm, mma_layout, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
 
@@ -194,11 +259,12 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     NSTAGES: gl.constexpr = full.shape[0]
+    TN: gl.constexpr = b_bufs.shape[1]
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    tiles_n = gl.cdiv(N, 128)
+    tiles_n = gl.cdiv(N, TN)
     num_tiles = TILES_M * tiles_n
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
     g = pid * 0
@@ -214,7 +280,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
             bar = full.index(s)
             mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * 128, kb * 128], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * 128, kb * 128], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb * m_pad + pid_m * 128], bar, sa_bufs.index(s))
             g += 1
 
@@ -245,7 +311,7 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
 
 
-def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None):
+def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
 
     arch (rtp_fp8.arch.Arch) / num_sms default to a's device's; tests pass them to check the
@@ -273,52 +339,64 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
         num_sms = A.num_sms(a.device.index or 0)
-    tiles = cdiv(m, BM) * cdiv(n, BN)
-    if tiles < num_sms:  # too few 128x128 tiles to fill the GPU: the Triton kernel's smaller ones do better
-        return f"{tiles} tiles of {BM}x{BN} for {num_sms} SMs"
+    bn = bn or BN
+    if bn not in (128, WIDE_BN):
+        return f"bn must be 128 or {WIDE_BN}, got {bn}"
+    tiles = cdiv(m, BM) * cdiv(n, bn)
+    if tiles < num_sms:  # too few tiles to fill the GPU: the Triton kernel's smaller ones do better
+        return f"{tiles} tiles of {BM}x{bn} for {num_sms} SMs"
     return None
 
 
-def _descriptors(a, b2, sa, out, epi_tma):
+def _descriptors(a, b2, sa, out, epi_tma, bn):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, kg = sa.shape
     # A's scales as the 1-D run of their storage: column kb (K block) starts at kb * m_pad
     sa_flat = torch.as_strided(sa, ((kg - 1) * sa.stride(1) + m, ), (1, ))
-    c = out if epi_tma else torch.empty(BM, BN, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
+    c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
     tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
-    return tuple(TensorDescriptor.from_tensor(tensors[name], BOXES[name][0], _box_layout(name)) for name in BOXES)
+    return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
+                 for name, (block, dtype, _) in boxes(bn).items())
 
 
-def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None):
+def _stages(bn):
+    return STAGES if (bn or BN) == 128 else STAGES_WIDE
+
+
+def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
-    int32 row ids, cnt the two counters). The caller checked plan()."""
+    int32 row ids, cnt the two counters); tiles 128 x bn (default BN). The caller checked plan()."""
     m, k = a.shape
     n = b.shape[-2]
+    bn = bn or BN
     if epi_tma is None:  # a TMA store needs 16-byte aligned rows
         epi_tma = out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
+        # wide contiguous tiles keep pointer stores: with the TMA store ptxas spills in the K loop
+        epi_tma = epi_tma and not (bn == WIDE_BN and mode == 1)
     tiles_m = cdiv(m, BM)
-    nprog = nprog or min(tiles_m * cdiv(n, BN), A.num_sms(a.device.index or 0))
+    nprog = nprog or min(tiles_m * cdiv(n, bn), A.num_sms(a.device.index or 0))
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
-    group_m = GROUP_M_WIDE if cdiv(n, BN) >= WIDE_N_TILES else GROUP_M
-    _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma), out, sb, grp, cnt, m, n, k, e,
-                               tiles_m, group_m, out.stride(0), sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1),
-                               STAGES=STAGES, MODE=mode, EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
+    group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
+    _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma, bn), out, sb, grp, cnt, m, n, k,
+                               e, tiles_m, group_m, out.stride(0), sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1),
+                               STAGES=_stages(bn), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0):
+def compile_sm90a(mode=0, epi_tma=0, bn=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig = {name: f"tensordesc<{ty}{block},{_box_layout(name)!r}>" for name, (block, _, ty) in BOXES.items()}
+    sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
+           for name, (block, dtype, ty) in boxes(bn).items()}
     sig |= {name: "*bf16" if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad")}
-    const = {"STAGES": STAGES, "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
+    const = {"STAGES": _stages(bn), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
