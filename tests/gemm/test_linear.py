@@ -83,6 +83,25 @@ def test_linear_matches_oracles(dg_absent, arch):
     assert rel_l2(y.float(), torch.nn.functional.linear(x.float(), w.float(), bias.float())) <= 0.05
 
 
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(10, 0)], ids=str)
+def test_linear_operands_pass_the_deepgemm_format_gate(dg_present, arch, monkeypatch):
+    """FP8Linear's own weights and activations are in the format DeepGEMM takes for the Arch (the
+    backend refuses anything else): a stand-in for deep_gemm's GEMM gets them and answers with
+    the oracle, so the layer's output is checked end to end."""
+    def fake_gemm(a, sa, b, sb, out, arch_):
+        want = torch.int32 if arch.scale_format == "ue8m0" else torch.float32
+        assert arch_ == arch and sa.dtype == sb.dtype == want
+        return out.copy_(GR.gemm_nt_ref(a, sa, b, sb))
+
+    monkeypatch.setattr(BK.D, "fp8_gemm_nt", fake_gemm)
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(256, 512, generator=g) / 512**0.5).to(torch.bfloat16)
+    x = torch.randn(7, 512, generator=g).to(torch.bfloat16)
+    lin = FP8Linear(w, arch=arch)
+    assert lin.backend == "deepgemm"
+    assert rel_l2(lin(x).float(), x.float() @ w.float().t()) <= 0.05
+
+
 def test_linear_bad_input(dg_absent):
     w = torch.randn(256, 512).to(torch.bfloat16)
     with pytest.raises(ValueError, match="weight's K=500 must be a multiple"):
