@@ -53,7 +53,7 @@ class Backend:
         out, _, _, sb_div = G.check_dense(a, sa, b, sb, out)
         if self.name == "reference":
             return _ref_into(out, R.gemm_nt_ref(a, sa, b, sb))
-        _deepgemm_scales(self.arch, sa, sb, sb_div, (), (), a.shape[0], b.shape[0], a.shape[1])
+        _deepgemm_operands(self.arch, sa, sb, sb_div, (), (), a.shape[0], b.shape[0], a.shape[1])
         return D.fp8_gemm_nt(a, sa, b, sb, out, self.arch)
 
     def grouped_contiguous(self, a, sa, b, sb, m_indices, out=None, alignment=128, counters=None):
@@ -64,7 +64,7 @@ class Backend:
         out, _, _, _, sb_div = G.check_contiguous(a, sa, b, sb, m_indices, out, counters, alignment)
         if self.name == "reference":
             return _ref_into(out, R.grouped_contiguous_ref(a, sa, b, sb, m_indices))
-        _deepgemm_scales(self.arch, sa, sb, sb_div, (), (b.shape[0],), a.shape[0], b.shape[1], a.shape[1])
+        _deepgemm_operands(self.arch, sa, sb, sb_div, (), (b.shape[0],), a.shape[0], b.shape[1], a.shape[1])
         with D.mk_alignment(alignment):
             return D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out, self.arch)
 
@@ -76,18 +76,20 @@ class Backend:
         if self.name == "reference":
             return _ref_into(out, R.grouped_masked_ref(a, sa, b, sb, masked_m), masked_m)
         e, mmax, k = a.shape
-        _deepgemm_scales(self.arch, sa, sb, sb_div, (e,), (e,), mmax, b.shape[1], k)
+        _deepgemm_operands(self.arch, sa, sb, sb_div, (e,), (e,), mmax, b.shape[1], k)
         return D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m or mmax, out, self.arch)
 
 
-def _deepgemm_scales(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
-    """The scales DeepGEMM consumes for arch, or ValueError naming the argument.
+def _deepgemm_operands(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
+    """The shapes and scales DeepGEMM consumes for arch, or ValueError naming the argument.
 
     SM90: FP32, A column-major TMA-aligned ("col_tma"; another layout would be transposed on every
     call), B per 128x128 block and contiguous. SM100: packed UE8M0 ("ue8m0" layout) for both; FP32
     scales given there would be truncated to their exponent without requantizing the FP8 values,
     a silently wrong product, so they are refused. Per-row FP32 B scales are a Triton-only format.
     """
+    if n % 64 or k % 128:
+        raise ValueError(f"b must have N % 64 == 0 and K % 128 == 0 for DeepGEMM, got N={n}, K={k}")
     groups = L.cdiv(k, G.GRAN)
     if arch.scale_format == "ue8m0":
         for name, s in (("sa", sa), ("sb", sb)):
