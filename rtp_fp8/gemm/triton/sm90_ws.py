@@ -55,9 +55,10 @@ BM, BK, HALF = 128, 128, 64
 # step (three 64x128 FP32 tiles live). WIDE_BN (256): per step each consumer runs two m64n128
 # wgmmas, one per 128-column half (one B scale each), each promoted right after its wait (three
 # 64x128 tiles live: two accumulators and the fresh one); the other consumer's MMAs keep the
-# tensor cores busy meanwhile, and each byte of A in shared memory serves twice the FLOPs.
-# An experiment: `bn=WIDE_BN` reaches it (bench/gemm.py --ws-bn); the dispatch keeps BN until the
-# H200 shows it faster (docs/perf.md).
+# tensor cores busy meanwhile, and each A tile the TMA loads serves twice the FLOPs (a quarter
+# less load traffic per FLOP; the wgmmas still read A from shared memory once per half).
+# An experiment: `bn=WIDE_BN` reaches it (bench/ws_tiles.py times it); the dispatch keeps BN until
+# the H200 shows it faster (docs/perf.md).
 BN = 128
 WIDE_BN = 256
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
