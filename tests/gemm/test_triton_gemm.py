@@ -44,8 +44,12 @@ def _backend(name, fmt, device):
 
 
 def _operands(m, n, k, fmt, device, e=None, seed=0):
+    """Quantized A [m, k] and B [(e,) n, k] in fmt. K need not be a multiple of 128 (the API
+    allows it): A is then quantized over K padded with zeros to whole groups and cut back to K
+    (the last group's scale covers its K % 128 real columns), B has a partial last block."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    x = torch.nn.functional.pad(x, (0, -k % 128)).to(device)
     w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
     if fmt == "ue8m0":
         a, sa = T.per_token_group_quant(x, 128, scale_layout="ue8m0")
@@ -57,7 +61,7 @@ def _operands(m, n, k, fmt, device, e=None, seed=0):
     else:
         a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
         b, sb = B.quantize_weight_blocks(w)
-    return a, sa, b, sb
+    return a[:, :k].contiguous(), sa, b, sb
 
 
 def _nan(shape, device):
@@ -91,20 +95,6 @@ def test_dense_m4096(backend, fmt, n, k):
     assert rel_l2(out.cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
 
 
-def _ragged_k_operands(m, n, k, fmt, device, e=None, seed=0):
-    """Operands with K not a multiple of 128: the activations quantized over K padded with zeros
-    to whole groups, then cut back to K (the last group's scale covers its K % 128 real columns);
-    the weights quantized with a partial last 128x128 block."""
-    g = torch.Generator().manual_seed(seed)
-    kp = -(-k // 128) * 128
-    x = torch.zeros(m, kp, dtype=torch.bfloat16)
-    x[:, :k] = torch.randn(m, k, generator=g).to(torch.bfloat16)
-    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
-    a, sa = T.per_token_group_quant(x.to(device), 128, scale_layout="ue8m0" if fmt == "ue8m0" else "col_tma")
-    b, sb = B.quantize_weight_ue8m0_packed(w) if fmt == "ue8m0" else B.quantize_weight_blocks(w)
-    return a[:, :k].contiguous(), sa, b, sb
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
@@ -116,7 +106,7 @@ def test_dense_ragged_k(backend, device, fmt, m, n, k):
     why = BK.unavailable_reason(backend, FMT_ARCH[fmt], n, k)
     if why:
         pytest.skip(f"{backend}: {why}")
-    a, sa, b, sb = _ragged_k_operands(m, n, k, fmt, device, seed=k)
+    a, sa, b, sb = _operands(m, n, k, fmt, device, seed=k)
     out = be.gemm_nt(a, sa, b, sb, out=_nan((m, n), device))
     assert not torch.isnan(out).any()
     assert rel_l2(out.cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
@@ -126,7 +116,7 @@ def test_dense_ragged_k(backend, device, fmt, m, n, k):
 @pytest.mark.parametrize("fmt", ["fp32", "ue8m0"])
 def test_grouped_contiguous_ragged_k(device, fmt):
     ids = _contiguous_layout([40, 0, 100], 64, device)
-    a, sa, b, sb = _ragged_k_operands(ids.numel(), 256, 208, fmt, device, e=3, seed=1)
+    a, sa, b, sb = _operands(ids.numel(), 256, 208, fmt, device, e=3, seed=1)
     out = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=_nan((ids.numel(), 256), device), alignment=64)
     assert rel_l2(out.cpu(), GR.grouped_contiguous_ref(a, sa, b, sb, ids)) <= TOL
 
@@ -287,7 +277,7 @@ def test_deepgemm_refuses_scales_of_another_format(monkeypatch):
          "sa must be packed UE8M0"),
         (lambda: sm90.grouped_masked(au[None], sau[None], bu[None], sbu[None], torch.zeros(1, dtype=torch.int32)),
          "sa must be float32 scales"),
-        (lambda: sm90.gemm_nt(*_ragged_k_operands(7, 256, 208, "fp32", "cpu")),
+        (lambda: sm90.gemm_nt(*_operands(7, 256, 208, "fp32", "cpu")),
          "K % 128 == 0 for DeepGEMM, got N=256, K=208"),
         (lambda: sm90.gemm_nt(a, sa, b[:200], sb), "N % 64 == 0 .* got N=200"),
     ]
