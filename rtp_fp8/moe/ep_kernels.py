@@ -365,14 +365,17 @@ def _check_alignment(alignment):
         raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
 
 
-def _check_m_indices(m_indices, capacity, device):
-    if m_indices is not None and (not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32
-                                  or tuple(m_indices.shape) != (capacity, ) or not m_indices.is_contiguous()
-                                  or m_indices.device != device):
+def _m_indices(m_indices, capacity, device):
+    """The caller's m_indices checked, or a new [capacity] int32 tensor when None."""
+    if m_indices is None:
+        return torch.empty(capacity, dtype=torch.int32, device=device)
+    if (not isinstance(m_indices, torch.Tensor) or m_indices.dtype != torch.int32
+            or tuple(m_indices.shape) != (capacity, ) or not m_indices.is_contiguous() or m_indices.device != device):
         got = (m_indices.dtype, tuple(m_indices.shape), str(m_indices.device)) if isinstance(
             m_indices, torch.Tensor) else m_indices
         raise ValueError(f"m_indices must be a contiguous int32 tensor of the capacity's {capacity} rows on "
                          f"{device}, got {got}")
+    return m_indices
 
 
 def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment: int = 128, *,
@@ -384,12 +387,10 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
     _check_alignment(alignment)
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counters = _counters(counters, topk_ids.device)
+    m_indices = _m_indices(m_indices, capacity, topk_ids.device)  # checked before the count launch
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
     starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
-    _check_m_indices(m_indices, capacity, topk_ids.device)
-    if m_indices is None:
-        m_indices = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
     blk = 128
     _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
                                                         ALIGN=alignment, EB=triton.next_power_of_2(num_experts),
@@ -565,7 +566,7 @@ def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignm
         return lay, ep_scatter(x, x_scales, topk_ids, lay[1], out, out_scales, lay[3], cursor=lay.cursor,
                                expert_offset=expert_offset, deterministic=deterministic)
     _check_alignment(alignment)
-    _check_m_indices(m_indices, cap, x.device)
+    m_indices = _m_indices(m_indices, cap, x.device)
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     dev = x.device
     counters = _counters(counters, dev)
@@ -573,8 +574,6 @@ def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignm
     counts, cursor = plan.unbind(0)
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=counts)
     starts = torch.empty(num_experts, dtype=torch.int32, device=dev)
-    if m_indices is None:
-        m_indices = torch.empty(cap, dtype=torch.int32, device=dev)
     t, topk = topk_ids.shape
     oidx = torch.empty(t, topk, dtype=torch.int32, device=dev)
     ids = topk_ids.to(torch.int32).contiguous()
