@@ -89,13 +89,7 @@ class QuantizedExperts:
             if s.dtype != want:
                 raise ValueError(f"{name} must be {want} for {self.arch} ({self.arch.scale_format} scales), "
                                  f"got {s.dtype}")
-            e, n, k = w.shape
-            kg = L.cdiv(k, G.GRAN)
-            shapes = ([(e, n, L.cdiv(kg, 4))] if want == torch.int32  # packed per row
-                      else [(e, L.cdiv(n, G.GRAN), kg), (e, n, kg)])  # per 128x128 block, or per row
-            if tuple(s.shape) not in shapes:
-                raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} for {name[:-7]} "
-                                 f"{tuple(w.shape)} ({self.arch.scale_format} scales), got {tuple(s.shape)}")
+            G.check_b_scales(s, w.shape[:1], w.shape[1], w.shape[2], name)
             if s.device != w.device:
                 raise ValueError(f"{name} is on {s.device}, {name[:-7]} on {w.device}")
 

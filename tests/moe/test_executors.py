@@ -183,10 +183,12 @@ def test_executor_bad_input():
         X.QuantizedExperts(q.w13, q.w13_scales, q.w2[:3], q.w2_scales[:3], q.arch)
     with pytest.raises(ValueError, match="w13_scales must be torch.int32 for sm120"):
         X.QuantizedExperts(q.w13, q.w13_scales, q.w2, q.w2_scales, A.Arch(12, 0))
-    with pytest.raises(ValueError, match=r"w2_scales must have shape \(4, 2, 2\) or \(4, 256, 2\) for w2"):
+    with pytest.raises(ValueError, match=r"w2_scales must have shape \(4, 2, 2\) \(128x128 blocks\) or "
+                       r"\(4, 256, 2\) \(per row\) for N=256, K=256"):
         X.QuantizedExperts(q.w13, q.w13_scales, q.w2, q.w2_scales[:, :, :1], q.arch)
     u = X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(12, 0))
-    with pytest.raises(ValueError, match=r"w13_scales must have shape \(4, 512, 1\) for w13"):
+    with pytest.raises(ValueError,
+                       match=r"w13_scales must have shape \(4, 512, 1\) \(packed UE8M0 per row\) for N=512, K=256"):
         X.QuantizedExperts(u.w13, u.w13_scales[:, :128], u.w2, u.w2_scales, u.arch)
     with pytest.raises(ValueError, match="w2_scales is on meta, w2 on cpu"):
         X.QuantizedExperts(q.w13, q.w13_scales, q.w2, q.w2_scales.to("meta"), q.arch)

@@ -230,12 +230,28 @@ def _check_scale(s, name, lead, rows, k, packed_ok=True):
     return s.dtype == torch.int32
 
 
-def _b_scales(sb, lead, n, k):
-    """B scales: per block [.., ceil(N/128), KG], per row [.., N, KG] (FP32), or packed per row."""
+def check_b_scales(sb, lead, n, k, name="sb"):
+    """B scales for [.., N, K] weights: FP32 per block [.., ceil(N/128), KG] or per row [.., N, KG],
+    or packed UE8M0 per row [.., N, ceil(KG/4)] -> (packed, rows per scale row); else ValueError
+    naming `name` (the GEMMs' sb, the MoE experts' weight scales)."""
+    if not isinstance(sb, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(sb).__name__}")
     kg = cdiv(k, GRAN)
-    if sb.dtype == torch.float32 and tuple(sb.shape) == (*lead, cdiv(n, GRAN), kg) and n != cdiv(n, GRAN):
-        return False, GRAN
-    return _check_scale(sb, "sb", lead, n, k), 1
+    block, row, packed = (*lead, cdiv(n, GRAN), kg), (*lead, n, kg), (*lead, n, cdiv(kg, 4))
+    shape = tuple(sb.shape)
+    if sb.dtype == torch.float32:
+        if shape == block and n != cdiv(n, GRAN):
+            return False, GRAN
+        if shape == row:
+            return False, 1
+        want = f"{block} (128x128 blocks) or {row} (per row)"
+    elif sb.dtype == torch.int32:
+        if shape == packed:
+            return True, 1
+        want = f"{packed} (packed UE8M0 per row)"
+    else:
+        raise ValueError(f"{name} must be float32 (FP32 scales) or int32 (packed UE8M0), got {sb.dtype}")
+    raise ValueError(f"{name} must have shape {want} for N={n}, K={k} and {sb.dtype}, got {shape}")
 
 
 def _check_out(out, shape, device):
@@ -377,7 +393,7 @@ def check_dense(a, sa, b, sb, out=None):
     if b.shape[1] != k:
         raise ValueError(f"b has K={b.shape[1]}, a has K={k}")
     packed_a = _check_scale(sa, "sa", (), m, k)
-    packed_b, sb_div = _b_scales(sb, (), n, k)
+    packed_b, sb_div = check_b_scales(sb, (), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb)
     return _check_out(out, (m, n), a.device), packed_a, packed_b, sb_div
 
@@ -414,7 +430,7 @@ def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment
                else m_indices)
         raise ValueError(f"m_indices must be int32 of shape ({m},) and contiguous, got {got}")
     packed_a = _check_scale(sa, "sa", (), m, k)
-    packed_b, sb_div = _b_scales(sb, (e,), n, k)
+    packed_b, sb_div = check_b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, m_indices=m_indices)
     out = _check_out(out, (m, n), a.device)
     if counters is None:
@@ -462,7 +478,7 @@ def check_masked(a, sa, b, sb, masked_m, out=None):
             or not masked_m.is_contiguous()):
         raise ValueError(f"masked_m must be int32 of shape ({e},) and contiguous")
     packed_a = _check_scale(sa, "sa", (e,), mmax, k)
-    packed_b, sb_div = _b_scales(sb, (e,), n, k)
+    packed_b, sb_div = check_b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, masked_m=masked_m)
     return _check_out(out, (e, mmax, n), a.device), packed_a, packed_b, sb_div
 
