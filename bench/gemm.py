@@ -5,9 +5,10 @@
 Shapes from DeepSeek-V3 (the issue's list). TFLOP/s = 2*M*N*K / median kernel time (CUDA-graph
 replays); the ratio is to torch._scaled_mm (per-tensor scales, cuBLASLt) at 8192^3 measured in
 the same run. The eager column is one Python call (validation, TMA descriptors, launch), which
-bounds small shapes outside graphs. `kernel` names what the shipped dispatch ran: sm90_ws (the
-warp-specialized Gluon kernel) or triton; where it is sm90_ws the Triton kernel is timed too
-(block_scaled.USE_WS off), and both outputs must be bit-identical.
+bounds small shapes outside graphs. `kernel` names what the shipped dispatch ran: sm90_ws 128xBN
+(the warp-specialized Gluon kernel, BN its tile width, sm90_ws.tile_n) or triton; where it is
+sm90_ws the Triton kernel is timed too (block_scaled.USE_WS off), and both outputs must be
+bit-identical.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import torch
 
 from bench.common import dump, environment, fp8_gemm_tflops, graph_ms, median_ms
+from rtp_fp8 import arch as A
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import token_group as T
@@ -36,12 +38,20 @@ def _triton_only():
         G.USE_WS = old
 
 
-def _measure(flops, call, out, ws_applies):
+def _kernel(refusal, m, n):
+    """What the dispatch runs: "sm90_ws 128xBN" (tile_n's width on this GPU) or "triton"."""
+    if refusal is not None:
+        return "triton"
+    from rtp_fp8.gemm.triton import sm90_ws as W
+
+    return f"sm90_ws {W.BM}x{W.tile_n(m, n, A.num_sms(0))}"
+
+
+def _measure(flops, call, out, kernel):
     """{ms, tflops, eager_ms, kernel} of the shipped dispatch (+ triton_tflops beside sm90_ws)."""
     ms = graph_ms(call)
-    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call),
-         "kernel": "sm90_ws" if ws_applies else "triton"}
-    if ws_applies:
+    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call), "kernel": kernel}
+    if kernel != "triton":
         shipped = out.clone()
         with _triton_only():
             tms = graph_ms(call)
@@ -74,7 +84,7 @@ def grouped_inputs(g, m, n, k):
 def dense(m, n, k):
     a, sa, b, sb, out = dense_inputs(m, n, k)
     return _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
-                    G.ws_refusal(G.DENSE, a, sa, b, sb, out) is None)
+                    _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n))
 
 
 def grouped(g, m, n, k):
@@ -83,7 +93,7 @@ def grouped(g, m, n, k):
     def call():
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 
-    return _measure(2 * g * m * n * k, call, out, G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out) is None)
+    return _measure(2 * g * m * n * k, call, out, _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n))
 
 
 def main():
@@ -102,11 +112,11 @@ def main():
         dump(args.out, {"env": environment(), "cublaslt_fp8_tflops": ceiling, "results": rows})
     print(environment())
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s")
-    print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>8s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
+    print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>15s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
           f"{'triton':>7s}")
     for r in rows:
         tri = f"{r['triton_tflops']:7.0f}" if "triton_tflops" in r else f"{'-':>7s}"
-        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>8s} {r['ms']:8.3f} {r['tflops']:8.0f} "
+        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>15s} {r['ms']:8.3f} {r['tflops']:8.0f} "
               f"{r['ratio']:6.2f} {r['eager_ms']:9.3f} {tri}")
 
 

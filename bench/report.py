@@ -47,8 +47,9 @@ Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {e
 Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
 **{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128). Times are
 CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost. "kernel"
-is what the shipped dispatch ran: `sm90_ws` (warp-specialized Gluon, SM90) or `triton`; beside
-`sm90_ws` the Triton kernel's TFLOP/s in the same run (bit-identical output, checked).
+is what the shipped dispatch ran: `sm90_ws 128xBN` (warp-specialized Gluon, SM90; BN the tile width
+`sm90_ws.tile_n` chose) or `triton`; beside `sm90_ws` the Triton kernel's TFLOP/s in the same run
+(bit-identical output, checked).
 
 | kind | M, N, K | kernel | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) | Triton kernel TFLOP/s |
 |---|---|---|---:|---:|---:|---:|---:|

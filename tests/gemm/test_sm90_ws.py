@@ -59,8 +59,17 @@ def test_plan_counts_wide_tiles(monkeypatch):
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN) == "72 tiles of 128x256 for 132 SMs"
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN, sms=72) is None
     assert _plan(a, sa, b, sb, bn=192) == "bn must be 128 or 256, got 192"
-    monkeypatch.setattr(W, "BN", W.WIDE_BN)  # the dispatch's tile width, as the GPU tests switch it
+    monkeypatch.setattr(W, "BN", W.WIDE_BN)  # plan's default counts BN-wide tiles
     assert _plan(a, sa, b, sb) == "72 tiles of 128x256 for 132 SMs"
+
+
+@pytest.mark.parametrize("m,n,sms,bn", [
+    (4096, 2048, 132, 256), (4096, 7168, 132, 256), (4096, 24576, 132, 256),  # whole wide tiles, >= 1 wave
+    (4096, 2112, 132, 128), (1100, 2000, 132, 128), (1536, 1408, 132, 128),  # N not whole wide tiles
+    (2048, 2048, 132, 128), (2048, 2048, 128, 256), (2049, 2048, 132, 256),  # 16 x 8 = 128 wide tiles
+])
+def test_tile_n_takes_wide_tiles_where_n_is_whole_ones_and_they_fill_the_gpu(m, n, sms, bn):
+    assert W.tile_n(m, n, sms) == bn
 
 
 def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
@@ -85,15 +94,22 @@ def test_plan_refuses_cpu_tensors():
 
 
 def _spy(monkeypatch):
-    calls = []
-    launch = W.launch
+    """-> (the modes block_scaled launches sm90_ws with, the tile width each launch took: launch
+    looks its ring depth up by width, _stages(bn))."""
+    calls, widths = [], []
+    launch, stages = W.launch, W._stages
 
     def spy(*args, **kwargs):
         calls.append(args[0])
         return launch(*args, **kwargs)
 
+    def width(bn):
+        widths.append(bn)
+        return stages(bn)
+
     monkeypatch.setattr(G.sm90_ws, "launch", spy)
-    return calls
+    monkeypatch.setattr(W, "_stages", width)
+    return calls, widths
 
 
 def _triton(monkeypatch, fn, *args, **kwargs):
@@ -103,27 +119,28 @@ def _triton(monkeypatch, fn, *args, **kwargs):
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128)])
+@pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128),
+                                   (4096, 2048, 640)])  # the last in 128x256 tiles (tile_n)
 @pytest.mark.parametrize("epilogue", ["tma", "pointer"])
 def test_dense_is_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + k)
     pad = 8 if epilogue == "tma" else 3  # an odd row stride rules the TMA store out
     buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
-    calls = _spy(monkeypatch)
+    calls, widths = _spy(monkeypatch)
     G.fp8_gemm_nt(a, sa, b, sb, out=out)
-    assert calls == [G.DENSE]
+    assert calls == [G.DENSE] and widths == [256 if n == 2048 else 128]  # H200: 132 SMs
     ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
     assert torch.equal(out, ref)
     assert bool(torch.isnan(buf[:, n:]).all())  # guard columns untouched
     assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
 
 
-def _grouped_case(n, k, seed):
-    """(ids, a, sa, b, sb, poisoned out, zero counters), E=4: expert 0: 512 rows; 128 padding rows;
-    expert 2: 384 rows; 128 rows of id 9; a ragged expert 3 segment of 200 rows padded to 256;
-    expert 1 empty. The counters must end at [184 padding rows, 128 invalid]."""
-    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)]
+def _grouped_case(n, k, seed, reps=1):
+    """(ids, a, sa, b, sb, poisoned out, zero counters), E=4, reps times: expert 0: 512 rows; 128
+    padding rows; expert 2: 384 rows; 128 rows of id 9; a ragged expert 3 segment of 200 rows padded
+    to 256; expert 1 empty. The counters must end at reps * [184 padding rows, 128 invalid]."""
+    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)] * reps
     ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
     a, sa, b, sb = _ops(ids.numel(), n, k, "cuda", e=4, seed=seed)
     out = torch.full((ids.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -131,16 +148,16 @@ def _grouped_case(n, k, seed):
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("k", [512, 1152])
-def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k):
-    ids, a, sa, b, sb, out, cnt = _grouped_case(2048, k, seed=k)
-    calls = _spy(monkeypatch)
+@pytest.mark.parametrize("k,reps", [(512, 1), (1152, 1), (1152, 2)])  # reps=2: 22 x 8 tiles of 128x256
+def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k, reps):
+    ids, a, sa, b, sb, out, cnt = _grouped_case(2048, k, seed=k, reps=reps)
+    calls, widths = _spy(monkeypatch)
     G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
-    assert calls == [G.CONTIGUOUS]
+    assert calls == [G.CONTIGUOUS] and widths == [256 if reps == 2 else 128]
     cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
     ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
     assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)
-    assert cnt.tolist() == [184, 128]
+    assert cnt.tolist() == [184 * reps, 128 * reps]
     assert bool((out[(ids < 0) | (ids >= 4)] == 0).all())
     oracle = GR.grouped_contiguous_ref(a, sa, b, sb, ids)
     valid = ((ids >= 0) & (ids < 4)).cpu()

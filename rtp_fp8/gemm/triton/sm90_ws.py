@@ -25,8 +25,8 @@ promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split
 Persistent programs walk tiles pid, pid + nprog, ... in block_scaled's grouped-M order; all
 three partitions walk the same sequence.
 
-`launch(..., bn=WIDE_BN)` runs 128x256 tiles instead (see WIDE_BN below); block_scaled's
-dispatch does not select them (BN stays 128) until bench/ws_tiles.py measures them faster.
+Tile width: launch() takes 128x256 tiles (WIDE_BN) where tile_n() says so, i.e. where N is whole
+wide tiles and there are enough of them to fill the GPU, else 128x128 (BN); `bn=` forces one.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ BM, BK, HALF = 128, 128, 64
 # 64x128 tiles live: two accumulators and the fresh one); the other consumer's MMAs keep the
 # tensor cores busy meanwhile, and each A tile the TMA loads serves twice the FLOPs (a quarter
 # less load traffic per FLOP; the wgmmas still read A from shared memory once per half).
-# An experiment: `bn=WIDE_BN` reaches it (bench/ws_tiles.py times it); the dispatch keeps BN until
-# the H200 shows it faster (docs/perf.md).
+# bench/ws_tiles.py on the H200 (docs/perf.md): WIDE_BN is 4-9 % faster on every M=4096 shape whose N
+# is whole wide tiles, and 11 % slower at N=2112 (a last tile three quarters empty; 2.2 waves).
 BN = 128
 WIDE_BN = 256
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
@@ -312,6 +312,12 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
 
 
+def tile_n(m, n, num_sms):
+    """The tile width launch() takes by default: WIDE_BN where N is whole 256-column tiles and they
+    make at least one wave on num_sms SMs, else BN."""
+    return WIDE_BN if n % WIDE_BN == 0 and cdiv(m, BM) * (n // WIDE_BN) >= num_sms else BN
+
+
 def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
 
@@ -367,16 +373,17 @@ def _stages(bn):
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
-    int32 row ids, cnt the two counters); tiles 128 x bn (default BN). The caller checked plan()."""
+    int32 row ids, cnt the two counters); tiles 128 x bn (default tile_n's). The caller checked plan()."""
     m, k = a.shape
     n = b.shape[-2]
-    bn = bn or BN
+    num_sms = A.num_sms(a.device.index or 0)
+    bn = bn or tile_n(m, n, num_sms)
     if epi_tma is None:  # a TMA store needs 16-byte aligned rows
         epi_tma = out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
         # wide contiguous tiles keep pointer stores: with the TMA store ptxas spills in the K loop
         epi_tma = epi_tma and not (bn == WIDE_BN and mode == 1)
     tiles_m = cdiv(m, BM)
-    nprog = nprog or min(tiles_m * cdiv(n, bn), A.num_sms(a.device.index or 0))
+    nprog = nprog or min(tiles_m * cdiv(n, bn), num_sms)
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
     _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma, bn), out, sb, grp, cnt, m, n, k,
