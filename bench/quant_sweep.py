@@ -27,15 +27,15 @@ from tools import build_ext as B  # noqa: E402
 CONFIGS = [(th, it, st) for st in (False, True) for th in (128, 256, 512) for it in (1, 2)]
 
 
-def build_tuning(out_dir: pathlib.Path, compile_only: bool = False) -> pathlib.Path:
+def build_tuning(out_dir: pathlib.Path, compile_only: bool = False, extra=()) -> pathlib.Path:
     exe = B.nvcc()
     cflags, ldflags = B.torch_flags()
     if compile_only:
         cflags = cflags + B._cpu_torch_shims(out_dir)
     src = ROOT / B.SOURCES[0]
     obj = out_dir / "tuning.o"
-    subprocess.run([exe, *B.COMMON, *B.gencode_flags(["sm_90a"])[:1], *cflags, "-DRTP_FP8_TUNING", "-c", str(src),
-                    "-o", str(obj)], check=True)
+    subprocess.run([exe, *B.COMMON, *B.gencode_flags(["sm_90a"])[:1], *cflags, "-DRTP_FP8_TUNING", *extra, "-c",
+                    str(src), "-o", str(obj)], check=True)
     if compile_only:
         return obj
     so = out_dir / "tuning.so"
@@ -50,10 +50,12 @@ def main():
     ap.add_argument("--compile-only", action="store_true", help="only compile the tuning build (no GPU)")
     ap.add_argument("--m", type=int, nargs="+", default=[128, 4096, 32768], help="rows to time")
     ap.add_argument("--layouts", nargs="+", default=["row", "col_tma", "ue8m0"], help="scale layouts to time")
+    ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for the tuning build "
+                    "(e.g. --nvcc-flag=-maxrregcount=32)")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rtp_fp8_tuning_"))
     if a.compile_only:
-        print("compiled", build_tuning(tmp, compile_only=True))
+        print("compiled", build_tuning(tmp, compile_only=True, extra=a.nvcc_flag))
         return
     import torch
 
@@ -61,8 +63,8 @@ def main():
     from rtp_fp8.quant import layout as L
     from rtp_fp8.quant import token_group as T
 
-    torch.ops.load_library(str(build_tuning(tmp)))
-    env = environment()
+    torch.ops.load_library(str(build_tuning(tmp, extra=a.nvcc_flag)))
+    env = environment() | {"nvcc_flags": a.nvcc_flag}
     copy = copy_bandwidth_gbs()
     k = 7168
     rows = []
