@@ -59,8 +59,8 @@ def run(t, layout):
     fill = graph_ms(lambda: w.fill_(3))
     # Where the shipped path's time goes: the layout launches, the scatter launch alone (its
     # cursor re-zeroed, a memset timed apart; with the row map when the shipped path uses it),
-    # the by-row scale launch alone (from the scatter's aligned token rows, as shipped, and
-    # straight from x_scales as given).
+    # the by-row scale launch alone (from the scatter's aligned token rows; straight from
+    # x_scales as given; and from the token rows with the plan, as ep_dispatch runs it).
     lay = K.ep_layout(ids, E_LOCAL, cap, ALIGN, num_global_experts=E_GLOBAL, counters=counters)
     oidx = torch.empty(t, TOPK, dtype=torch.int32, device="cuda")
     row_map = layout != "row" and t * TOPK > K.ROW_MAP_ROUTES
@@ -73,10 +73,11 @@ def run(t, layout):
                  E_LOCAL, 0, False, row_map=rmap if row_map else None,
                  token_scales=ts))) * 1e3}
     if row_map:
-        for br, warps in ((128, 4), (64, 4), (32, 4), (64, 8), (256, 8)):
-            for name, src in (("", ts), ("_xs", xs)):
+        plan = (lay[0], torch.empty_like(lay[1]), torch.empty_like(lay[2]), ALIGN)  # counts, starts, m_indices
+        for br, warps in ((128, 4), (64, 4), (32, 4), (32, 2), (32, 8), (16, 4), (16, 2), (64, 8), (256, 8)):
+            for name, src, p in (("", ts, None), ("_xs", xs, None), ("_plan", ts, plan)):
                 parts[f"scales_r{br}w{warps}{name}_us"] = graph_ms(functools.partial(
-                    K._scales_by_row, rmap, src, out_s, br, warps)) * 1e3
+                    K._scales_by_row, rmap, src, out_s, br, warps, p)) * 1e3
     return rows, {"t": t, "layout": layout, "write_only_gbs": w.numel() / (fill * 1e-3) / 1e9, "filled": w.numel(),
                   **parts}
 
