@@ -570,13 +570,13 @@ def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignm
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     dev = x.device
     counters = _counters(counters, dev)
+    ids = topk_ids.to(torch.int32).contiguous()  # once, for the count and the scatter launches
     plan = torch.zeros(2, num_experts, dtype=torch.int32, device=dev)  # counts, cursor: one memset
     counts, cursor = plan.unbind(0)
-    counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=counts)
+    counts, counters = _counts(ids, num_experts, expert_offset, ng, counters, counts=counts)
     starts = torch.empty(num_experts, dtype=torch.int32, device=dev)
     t, topk = topk_ids.shape
     oidx = torch.empty(t, topk, dtype=torch.int32, device=dev)
-    ids = topk_ids.to(torch.int32).contiguous()
     row_map, token_scales = _row_map_buffers(x_scales, out_scales)
     _scatter_launch(x, x_scales, ids, oidx, counts, None, cursor, out, out_scales, oidx, counters, num_experts,
                     expert_offset, False, row_map=row_map, token_scales=token_scales, plan_align=alignment)
