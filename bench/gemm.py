@@ -42,9 +42,7 @@ def _kernel(refusal, m, n):
     """What the dispatch runs: "sm90_ws 128xBN" (tile_n's width on this GPU) or "triton"."""
     if refusal is not None:
         return "triton"
-    from rtp_fp8.gemm.triton import sm90_ws as W
-
-    return f"sm90_ws {W.BM}x{W.tile_n(m, n, A.num_sms(0))}"
+    return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}"
 
 
 def _measure(flops, call, out, kernel):
