@@ -243,17 +243,20 @@ def _scales_by_row_kernel(map_ptr, xs_ptr, os_ptr, rows_n, T, SK, stride_xsm, st
     rows, and (program 0) the starts."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < rows_n
-    if PLAN_ALIGN > 0:
-        e, emask, counts, starts = _aligned_starts(counts_ptr, E, PLAN_ALIGN, EB)
-        if tl.program_id(0) == 0:
-            tl.store(starts_ptr + e, starts, mask=emask)
-        tl.store(mi_ptr + rows, _row_owner(rows, e, emask, counts, starts), mask=rm)
+    # Every load before the first store (a store may alias them as far as the compiler knows,
+    # so it would not hoist a load above one): the map, the gathered scale rows and the counts
+    # are in flight together.
     src = tl.load(map_ptr + rows, mask=rm, other=-1)
     ok = (src >= 0) & (src < T)
     so = tl.arange(0, BS)
     m = rm[:, None] & (so[None, :] < SK)
     v = tl.load(xs_ptr + tl.where(ok, src, 0)[:, None].to(tl.int64) * stride_xsm + so[None, :] * stride_xsk,
                 mask=m & ok[:, None], other=0)
+    if PLAN_ALIGN > 0:
+        e, emask, counts, starts = _aligned_starts(counts_ptr, E, PLAN_ALIGN, EB)
+        if tl.program_id(0) == 0:
+            tl.store(starts_ptr + e, starts, mask=emask)
+        tl.store(mi_ptr + rows, _row_owner(rows, e, emask, counts, starts), mask=rm)
     tl.store(os_ptr + rows[:, None].to(tl.int64) * stride_osm + so[None, :] * stride_osk, v, mask=m)
 
 
