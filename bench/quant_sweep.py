@@ -4,7 +4,7 @@
 
 Builds csrc/per_token_group_quant_8bit.cu once more with -DRTP_FP8_TUNING (sm_90a only,
 into a temp folder: a library of its own, `torch.ops.rtp_fp8_C_tuning.cfg`, never shipped)
-and times every compiled (threads per block, groups per thread, streaming loads) instance
+and times every compiled (threads per block, groups per thread, threads per group, load kind) instance
 beside the Triton op and the copy ceiling, at M in {128, 4096, 32768}, K=7168. Each
 instance is first checked bit-exact against the shipped op's result. The winners become
 the shipped kernel's launch shapes (csrc), the numbers go to docs/perf.md's notes.
@@ -24,7 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from tools import build_ext as B  # noqa: E402
 
-CONFIGS = [(th, it, st) for st in (False, True) for th in (128, 256, 512) for it in (1, 2)]
+LOADS = {0: "", 1: " cs", 2: " ef", 3: " na", 4: " nc256"}  # load16 in the .cu: plain, .cs, evict-first,
+#                                                       L1 no-allocate, read-only + 256 B L2 prefetch
+SHAPES = [(128, 1, 8), (128, 2, 8), (256, 1, 8), (128, 1, 16), (128, 2, 16), (256, 2, 16)]  # threads, items, tpg
+CONFIGS = [(th, it, tpg, ld) for th, it, tpg in SHAPES for ld in LOADS]
 
 
 def build_tuning(out_dir: pathlib.Path, compile_only: bool = False, extra=()) -> pathlib.Path:
@@ -82,17 +85,17 @@ def main():
             shipped = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="cuda"))
             rows.append({"m": m, "layout": layout, "impl": "cuda shipped", "us": shipped * 1e3,
                          "gbs": nbytes / (shipped * 1e-3) / 1e9})
-            for th, it, st in CONFIGS:
+            for th, it, tpg, ld in CONFIGS:
                 q.view(torch.uint8).fill_(0x7B)
                 s.view(torch.uint8).fill_(0x7B) if s.is_contiguous() else s.fill_(-1)
-                fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, st)
+                fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, tpg, ld)
                 fn()
                 torch.cuda.synchronize()
                 exact = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(
                     s.view(torch.int32) if s.dtype == torch.float32 else s,
                     want_s.view(torch.int32) if want_s.dtype == torch.float32 else want_s)
                 ms = graph_ms(fn)
-                rows.append({"m": m, "layout": layout, "impl": f"cuda t{th} i{it}{' cs' if st else ''}",
+                rows.append({"m": m, "layout": layout, "impl": f"cuda t{th} i{it} g{tpg}{LOADS[ld]}",
                              "us": ms * 1e3, "gbs": nbytes / (ms * 1e-3) / 1e9, "exact": exact})
     for r in rows:
         r["ratio"] = r["gbs"] / copy

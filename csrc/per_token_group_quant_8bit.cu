@@ -103,6 +103,29 @@ __device__ __forceinline__ float group_amax(const float (&v)[kElems]) {
   return amax;
 }
 
+// One 16-byte load of the input. kLoad 0: plain (the shipped kernel); the others exist for
+// bench/quant_sweep.py only: 1 streaming (ld.global.cs), 2 L1 evict-first with an L2
+// evict-first policy, 3 L1 no-allocate, 4 read-only path with a 256-byte L2 prefetch.
+template <int kLoad>
+__device__ __forceinline__ uint4 load16(const uint4* p, uint64_t policy) {
+  uint4 r;
+  if constexpr (kLoad == 0) {
+    r = *p;
+  } else if constexpr (kLoad == 1) {
+    r = __ldcs(p);
+  } else if constexpr (kLoad == 2) {
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
+  } else if constexpr (kLoad == 3) {
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  }
+  return r;
+}
+
 // Item l of block b -> (row, group). Row order: items run along the rows (item = r * gp + g).
 // Column order (column-major FP32 scales): block b holds rows [(b / gp) * R, + R) of group
 // b % gp, so its R scales are consecutive in memory and leave in one coalesced store (one
@@ -123,7 +146,7 @@ __device__ __forceinline__ void item_coords(bool col_order, uint32_t b, uint32_t
 // Scales are gathered in shared memory and written by the block's first threads: FP32 ones
 // at their (row, group) address, packed UE8M0 words from four consecutive groups of a row.
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
-          int kItems = kItemsPerThread, bool kStream = false>
+          int kItems = kItemsPerThread, int kLoad = 0>
 __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
     const T* __restrict__ x, uint8_t* __restrict__ q, void* __restrict__ scales, uint32_t m, int64_t k,
     uint32_t num_groups, uint32_t groups_padded, int64_t stride_sm, int64_t stride_sg, float eps, float qmax,
@@ -147,6 +170,8 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
   bool valid[kItems];
   uint32_t rows[kItems], gs[kItems];
 
+  uint64_t policy = 0;
+  if constexpr (kLoad == 2) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   // Issue every load first: kItems independent 16-byte loads per vector slot.
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
@@ -157,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
       if (valid[it]) {
         const int64_t col = gs[it] * (int64_t)(TPG * kElems) + (int64_t)(v * TPG + lane_in_group) * kVec;
         const uint4* src = reinterpret_cast<const uint4*>(x + (int64_t)rows[it] * k + col);
-        const uint4 raw = kStream ? __ldcs(src) : *src;
+        const uint4 raw = load16<kLoad>(src, policy);
         const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) vals[it][v * kVec + j] = to_float<T>(e[j]);
@@ -249,7 +274,7 @@ Layout parse_layout(const std::string& s) {
 }
 
 template <typename T, int VPT, int TPG, bool kInt8, bool kPacked, bool kPow2, int kThreads = kBlockThreads,
-          int kItems = kItemsPerThread, bool kStream = false>
+          int kItems = kItemsPerThread, int kLoad = 0>
 void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, int64_t k, int64_t g, float eps,
                   float qmax, cudaStream_t stream) {
   const int64_t gp = kPacked ? align4(g) : g;
@@ -260,7 +285,7 @@ void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, 
   const int64_t blocks = col_order ? row_tiles * gp : (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
   TORCH_CHECK(row_tiles * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (",
               m * gp, ") for one launch; split it");
-  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kStream>
+  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
       <<<blocks, kThreads, 0, stream>>>(
       reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), (uint32_t)m,
       k, (uint32_t)g, (uint32_t)gp,
@@ -369,25 +394,31 @@ void per_token_group_quant_meta(const at::Tensor&, at::Tensor&, at::Tensor&, int
 
 #ifdef RTP_FP8_TUNING
 // bench/quant_sweep.py only (-DRTP_FP8_TUNING, a library of its own): group 128 of bf16 -> fp8 with
-// the block size, groups per thread and load cache hint given; the sweep validates its tensors
-// through the real op first.
+// the block size, groups per thread, threads per group (8: two vectors each, 16: one) and load
+// kind (load16) given; the sweep validates its tensors through the real op first. (Scales stored
+// by each group's first lane, without shared memory or a barrier, were slower: 23.6 -> 24.8 us
+// row, 22.6 -> 22.8 us ue8m0 at M = 4096; docs/bench_quant_sweep_direct_2026-12-03i.json.)
 void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s, const std::string& scale_layout,
-                               int64_t threads, int64_t items, bool stream_loads) {
+                               int64_t threads, int64_t items, int64_t tpg, int64_t load) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(1) % 128 == 0, "tuning op: bf16, group 128");
   const bool packed = parse_layout(scale_layout) == Layout::kUe8m0;
   const int64_t m = x.size(0), k = x.size(1), g = k / 128;
   cudaStream_t st = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-#define RTP_CFG(TH, IT, ST)                                                                                  \
-  if (threads == TH && items == IT && stream_loads == ST) {                                                  \
-    if (packed) return launch_typed<__nv_bfloat16, 2, 8, false, true, true, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, \
-                                                                                       448.f, st);          \
-    return launch_typed<__nv_bfloat16, 2, 8, false, false, false, TH, IT, ST>(x, q, s, m, k, g, 1e-10f, 448.f, st); \
+#define RTP_CFG(TH, IT, TPG, LD)                                                                                   \
+  if (threads == TH && items == IT && tpg == TPG && load == LD) {                                                  \
+    if (packed)                                                                                                    \
+      return launch_typed<__nv_bfloat16, 16 / TPG, TPG, false, true, true, TH, IT, LD>(x, q, s, m, k, g, 1e-10f,    \
+                                                                                      448.f, st);                 \
+    return launch_typed<__nv_bfloat16, 16 / TPG, TPG, false, false, false, TH, IT, LD>(x, q, s, m, k, g, 1e-10f,    \
+                                                                                      448.f, st);                 \
   }
-  RTP_CFG(128, 1, false) RTP_CFG(128, 2, false) RTP_CFG(256, 1, false) RTP_CFG(256, 2, false)
-  RTP_CFG(512, 1, false) RTP_CFG(512, 2, false) RTP_CFG(128, 1, true) RTP_CFG(128, 2, true)
-  RTP_CFG(256, 1, true) RTP_CFG(256, 2, true) RTP_CFG(512, 1, true) RTP_CFG(512, 2, true)
+#define RTP_CFG_LOADS(TH, IT, TPG) \
+  RTP_CFG(TH, IT, TPG, 0) RTP_CFG(TH, IT, TPG, 1) RTP_CFG(TH, IT, TPG, 2) RTP_CFG(TH, IT, TPG, 3) RTP_CFG(TH, IT, TPG, 4)
+  RTP_CFG_LOADS(128, 1, 8) RTP_CFG_LOADS(128, 2, 8) RTP_CFG_LOADS(256, 1, 8)
+  RTP_CFG_LOADS(128, 1, 16) RTP_CFG_LOADS(128, 2, 16) RTP_CFG_LOADS(256, 2, 16)
+#undef RTP_CFG_LOADS
 #undef RTP_CFG
-  TORCH_CHECK(false, "tuning op: no instance for threads=", threads, " items=", items);
+  TORCH_CHECK(false, "tuning op: no instance for threads=", threads, " items=", items, " tpg=", tpg, " load=", load);
 }
 #endif
 
@@ -396,7 +427,7 @@ void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s
 
 #ifdef RTP_FP8_TUNING
 TORCH_LIBRARY(rtp_fp8_C_tuning, m) {
-  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, bool stream) -> ()");
+  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, int tpg, int load) -> ()");
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C_tuning, CUDA, m) { m.impl("cfg", &rtp_fp8::ptgq::per_token_group_quant_cfg); }
 #else
