@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
   const int sub = threadIdx.x / TPG;
   // 32-bit index math: 64-bit division costs ~100 instructions (the host checks m*G < 2^31).
   const uint32_t items = m * groups_padded;
-  const uint32_t block_base = blockIdx.x * kItemsPerBlock;  // row order (UE8M0 words)
+  // The block's first item in row order (the linear loads, the UE8M0 words).
+  const uint32_t block_base = blockIdx.x * kItemsPerBlock;
 
   float vals[kItems][kElems];
   bool valid[kItems];
@@ -423,8 +424,9 @@ void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s
     return launch_typed<__nv_bfloat16, 16 / TPG, TPG, false, false, false, TH, IT, LD>(x, q, s, m, k, g, 1e-10f,    \
                                                                                       448.f, st);                 \
   }
-#define RTP_CFG_LOADS(TH, IT, TPG) \
-  RTP_CFG(TH, IT, TPG, 0) RTP_CFG(TH, IT, TPG, 1) RTP_CFG(TH, IT, TPG, 2) RTP_CFG(TH, IT, TPG, 3) RTP_CFG(TH, IT, TPG, 4)
+#define RTP_CFG_LOADS(TH, IT, TPG)                                        \
+  RTP_CFG(TH, IT, TPG, 0) RTP_CFG(TH, IT, TPG, 1) RTP_CFG(TH, IT, TPG, 2) \
+  RTP_CFG(TH, IT, TPG, 3) RTP_CFG(TH, IT, TPG, 4)
   RTP_CFG_LOADS(128, 1, 8) RTP_CFG_LOADS(128, 2, 8) RTP_CFG_LOADS(256, 1, 8)
   RTP_CFG_LOADS(128, 1, 16) RTP_CFG_LOADS(128, 2, 16) RTP_CFG_LOADS(256, 2, 16)
 #undef RTP_CFG_LOADS
@@ -438,7 +440,8 @@ void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s
 
 #ifdef RTP_FP8_TUNING
 TORCH_LIBRARY(rtp_fp8_C_tuning, m) {
-  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, int tpg, int load) -> ()");
+  m.def("cfg(Tensor x, Tensor(a!) q, Tensor(b!) scales, str scale_layout, int threads, int items, int tpg, "
+        "int load) -> ()");
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C_tuning, CUDA, m) { m.impl("cfg", &rtp_fp8::ptgq::per_token_group_quant_cfg); }
 #else
