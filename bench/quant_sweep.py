@@ -27,7 +27,6 @@ from tools import build_ext as B  # noqa: E402
 LOADS = {0: "", 1: " cs", 2: " ef", 3: " na", 4: " nc256"}  # load16 in the .cu: plain, .cs, evict-first,
 #                                                       L1 no-allocate, read-only + 256 B L2 prefetch
 SHAPES = [(128, 1, 8), (128, 2, 8), (256, 1, 8), (128, 1, 16), (128, 2, 16), (256, 2, 16)]  # threads, items, tpg
-CONFIGS = [(th, it, tpg, ld) for th, it, tpg in SHAPES for ld in LOADS]
 
 
 def build_tuning(out_dir: pathlib.Path, compile_only: bool = False, extra=()) -> pathlib.Path:
@@ -53,6 +52,8 @@ def main():
     ap.add_argument("--compile-only", action="store_true", help="only compile the tuning build (no GPU)")
     ap.add_argument("--m", type=int, nargs="+", default=[128, 4096, 32768], help="rows to time")
     ap.add_argument("--layouts", nargs="+", default=["row", "col_tma", "ue8m0"], help="scale layouts to time")
+    ap.add_argument("--loads", type=int, nargs="+", default=list(LOADS), choices=list(LOADS),
+                    help="load kinds to time (0 plain, as shipped)")
     ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for the tuning build "
                     "(e.g. --nvcc-flag=-maxrregcount=32)")
     a = ap.parse_args()
@@ -85,7 +86,7 @@ def main():
             shipped = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="cuda"))
             rows.append({"m": m, "layout": layout, "impl": "cuda shipped", "us": shipped * 1e3,
                          "gbs": nbytes / (shipped * 1e-3) / 1e9})
-            for th, it, tpg, ld in CONFIGS:
+            for th, it, tpg, ld in [(th, it, tpg, ld) for th, it, tpg in SHAPES for ld in a.loads]:
                 q.view(torch.uint8).fill_(0x7B)
                 s.view(torch.uint8).fill_(0x7B) if s.is_contiguous() else s.fill_(-1)
                 fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, tpg, ld)

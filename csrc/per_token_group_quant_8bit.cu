@@ -22,6 +22,7 @@
 #include <cuda_fp8.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -126,17 +127,19 @@ __device__ __forceinline__ uint4 load16(const uint4* p, uint64_t policy) {
   return r;
 }
 
-// Item l of block b -> (row, group). Row order: items run along the rows (item = r * gp + g).
-// Column order (column-major FP32 scales): block b holds rows [(b / gp) * R, + R) of group
-// b % gp, so its R scales are consecutive in memory and leave in one coalesced store (one
-// 4-byte store per group costs a write transaction each: measured 10% at M = 32768).
-__device__ __forceinline__ void item_coords(bool col_order, uint32_t b, uint32_t l, uint32_t R, uint32_t gp,
-                                            uint32_t& row, uint32_t& g) {
+// Item l of the block -> (row, group). Row order (1-D grid): items run along the rows
+// (item = r * gp + g). Column order (column-major FP32 scales): block (x, y) holds rows
+// [y * R, + R) of group x, so its R scales are consecutive in memory and leave in one coalesced
+// store (one 4-byte store per group costs a write transaction each: measured 10% at M = 32768).
+// The 2-D grid spares each block a division by gp before its loads (launch_typed splits M past
+// gridDim.y's 65535 row tiles).
+__device__ __forceinline__ void item_coords(bool col_order, uint32_t l, uint32_t R, uint32_t gp, uint32_t& row,
+                                            uint32_t& g) {
   if (col_order) {
-    row = (b / gp) * R + l;
-    g = b % gp;
+    row = blockIdx.y * R + l;
+    g = blockIdx.x;
   } else {
-    const uint32_t item = b * R + l;
+    const uint32_t item = blockIdx.x * R + l;
     row = item / gp;
     g = item % gp;
   }
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
       base[it] = (int64_t)(block_base + l) * (TPG * kElems);
     } else {
       uint32_t row, g;
-      item_coords(col_order, blockIdx.x, l, kItemsPerBlock, groups_padded, row, g);
+      item_coords(col_order, l, kItemsPerBlock, groups_padded, row, g);
       valid[it] = row < m && g < num_groups;
       base[it] = (int64_t)row * k + (int64_t)g * (TPG * kElems);
     }
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
     __syncthreads();
     for (uint32_t l = threadIdx.x; l < kItemsPerBlock; l += kThreads) {
       uint32_t row, g;
-      item_coords(col_order, blockIdx.x, l, kItemsPerBlock, groups_padded, row, g);
+      item_coords(col_order, l, kItemsPerBlock, groups_padded, row, g);
       if (row < m && g < num_groups) {
         reinterpret_cast<float*>(scales)[(int64_t)row * stride_sm + (int64_t)g * stride_sg] = sscale[l];
       }
@@ -291,17 +294,29 @@ void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, 
                   float qmax, cudaStream_t stream) {
   const int64_t gp = kPacked ? align4(g) : g;
   constexpr int kItemsPerBlock = (kThreads / TPG) * kItems;
-  // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree).
-  const bool col_order = !kPacked && m > 1 && s.stride(0) == 1;
-  const int64_t row_tiles = (m + kItemsPerBlock - 1) / kItemsPerBlock;
-  const int64_t blocks = col_order ? row_tiles * gp : (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
-  TORCH_CHECK(row_tiles * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX, "x has too many rows x groups (",
-              m * gp, ") for one launch; split it");
+  TORCH_CHECK(((m + kItemsPerBlock - 1) / kItemsPerBlock) * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX,
+              "x has too many rows x groups (", m * gp, ") for one launch; split it");
+  const auto* xp = reinterpret_cast<const T*>(x.data_ptr());
+  auto* qp = reinterpret_cast<uint8_t*>(q.data_ptr());
+  // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree):
+  // grid (group, row tile), one launch per 65535 row tiles.
+  if (!kPacked && m > 1 && s.stride(0) == 1) {
+    constexpr int64_t kRowsPerLaunch = 65535 * (int64_t)kItemsPerBlock;
+    for (int64_t r0 = 0; r0 < m; r0 += kRowsPerLaunch) {
+      const int64_t rows = std::min(kRowsPerLaunch, m - r0);
+      const dim3 grid((unsigned)gp, (unsigned)((rows + kItemsPerBlock - 1) / kItemsPerBlock));
+      per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
+          <<<grid, kThreads, 0, stream>>>(xp + r0 * k, qp + r0 * k, reinterpret_cast<float*>(s.data_ptr()) + r0,
+                                          (uint32_t)rows, k, (uint32_t)g, (uint32_t)gp, s.stride(0), s.stride(1),
+                                          eps, qmax, true);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    return;
+  }
+  const int64_t blocks = (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
   per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
-      <<<blocks, kThreads, 0, stream>>>(
-      reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<uint8_t*>(q.data_ptr()), s.data_ptr(), (uint32_t)m,
-      k, (uint32_t)g, (uint32_t)gp,
-      s.stride(0), s.stride(1), eps, qmax, col_order);
+      <<<blocks, kThreads, 0, stream>>>(xp, qp, s.data_ptr(), (uint32_t)m, k, (uint32_t)g, (uint32_t)gp,
+                                        s.stride(0), s.stride(1), eps, qmax, false);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

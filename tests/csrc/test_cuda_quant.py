@@ -89,6 +89,24 @@ def test_matches_oracle_every_layout(dtype, out, group, m, k):
             assert_bits_equal(s.cpu(), want, f"scales {layout} pow2={pow2}")
 
 
+# Column-major scales: a 2-D grid (x = group, y = row tile), one launch per 65535 row tiles
+# (gridDim.y's limit). bf16 group 128 puts 16 rows in a tile: one launch, then two (the second
+# holding one row).
+@needs_ext
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [65535 * 16, 65535 * 16 + 1])
+def test_column_order_split_at_the_grid_limit(m):
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = (torch.randn(m, 256, device="cuda", generator=g) *
+         torch.exp2(torch.randint(-10, 10, (m, 1), device="cuda", generator=g).float())).to(torch.bfloat16)
+    qr, sr = (t.to("cuda") for t in R.per_token_group_quant_ref(x, 128))  # the oracle answers on the CPU
+    for layout in ("col", "col_tma"):
+        q, s = _call_poisoned(x, torch.float8_e4m3fn, 128, layout)
+        bad_q = int((q.view(torch.uint8) != qr.view(torch.uint8)).sum())
+        bad_s = int((s.view(torch.int32) != sr.contiguous().view(torch.int32)).sum())
+        assert (bad_q, bad_s) == (0, 0), f"{layout}: {bad_q} values and {bad_s} scales differ from the oracle"
+
+
 @needs_ext
 @pytest.mark.gpu
 def test_default_backend_is_cuda_and_matches_triton():
