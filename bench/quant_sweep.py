@@ -26,7 +26,8 @@ from tools import build_ext as B  # noqa: E402
 
 LOADS = {0: "", 1: " cs", 2: " ef", 3: " na", 4: " nc256"}  # load16 in the .cu: plain, .cs, evict-first,
 #                                                       L1 no-allocate, read-only + 256 B L2 prefetch
-SHAPES = [(128, 1, 8), (128, 2, 8), (256, 1, 8), (128, 1, 16), (128, 2, 16), (256, 2, 16)]  # threads, items, tpg
+# (threads per block, groups per thread, threads per group)
+SHAPES = [(64, 1, 8), (128, 1, 8), (128, 2, 8), (256, 1, 8), (128, 1, 16), (128, 2, 16), (256, 2, 16)]
 
 
 def build_tuning(out_dir: pathlib.Path, compile_only: bool = False, extra=()) -> pathlib.Path:

@@ -21,7 +21,9 @@ Ceiling measured in the same run: device-to-device copy **{d['copy_gbs']:.0f} GB
 
 K=7168, group 128; bytes = bf16 read + fp8 written + scales written. `triton` and
 `cuda ext` rows at M <= 4096 are CUDA-graph replays (kernel time); "eager call" is the
-Python call with launch overhead; `torch.compile(oracle)` is eager-timed.
+Python call with launch overhead; `torch.compile(oracle)` is eager-timed. "copy, same bytes"
+is torch's device copy of the row-scale byte count at that M, timed like the kernels: what a
+plain memory-bound kernel reaches at that size, its fixed launch cost included.
 
 | impl | M | scale layout | time (us) | GB/s | ratio to copy |
 |---|---:|---|---:|---:|---:|

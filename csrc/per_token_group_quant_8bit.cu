@@ -442,7 +442,7 @@ void per_token_group_quant_cfg(const at::Tensor& x, at::Tensor& q, at::Tensor& s
 #define RTP_CFG_LOADS(TH, IT, TPG)                                        \
   RTP_CFG(TH, IT, TPG, 0) RTP_CFG(TH, IT, TPG, 1) RTP_CFG(TH, IT, TPG, 2) \
   RTP_CFG(TH, IT, TPG, 3) RTP_CFG(TH, IT, TPG, 4)
-  RTP_CFG_LOADS(128, 1, 8) RTP_CFG_LOADS(128, 2, 8) RTP_CFG_LOADS(256, 1, 8)
+  RTP_CFG_LOADS(64, 1, 8) RTP_CFG_LOADS(128, 1, 8) RTP_CFG_LOADS(128, 2, 8) RTP_CFG_LOADS(256, 1, 8)
   RTP_CFG_LOADS(128, 1, 16) RTP_CFG_LOADS(128, 2, 16) RTP_CFG_LOADS(256, 2, 16)
 #undef RTP_CFG_LOADS
 #undef RTP_CFG
