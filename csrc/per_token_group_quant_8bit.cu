@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) per_token_group_quant_kernel(
 
   const int lane_in_group = threadIdx.x % TPG;
   const int sub = threadIdx.x / TPG;
-  // 32-bit index math: 64-bit division costs ~100 instructions (the host checks m*G < 2^31).
+  // 32-bit index math: 64-bit division costs ~100 instructions (a launch holds <= 2^30 items).
   const uint32_t items = m * groups_padded;
   // The block's first item in row order (the linear loads, the UE8M0 words).
   const uint32_t block_base = blockIdx.x * kItemsPerBlock;
@@ -294,30 +294,25 @@ void launch_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& s, int64_t m, 
                   float qmax, cudaStream_t stream) {
   const int64_t gp = kPacked ? align4(g) : g;
   constexpr int kItemsPerBlock = (kThreads / TPG) * kItems;
-  TORCH_CHECK(((m + kItemsPerBlock - 1) / kItemsPerBlock) * kItemsPerBlock * gp + kItemsPerBlock < INT32_MAX,
-              "x has too many rows x groups (", m * gp, ") for one launch; split it");
+  // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree) go
+  // in column order on a (group, row tile) grid, the rest in row order on a 1-D grid. One launch
+  // per chunk of whole rows: 65535 row tiles (gridDim.y's limit) in column order, at most 2^30
+  // items in row order (the kernel's 32-bit item index). A chunk starts x, q and the scales at
+  // its first row (scales of both dtypes are 4-byte words).
+  const bool col_order = !kPacked && m > 1 && s.stride(0) == 1;
+  const int64_t chunk = col_order ? 65535 * (int64_t)kItemsPerBlock : std::max<int64_t>(1, (int64_t{1} << 30) / gp);
   const auto* xp = reinterpret_cast<const T*>(x.data_ptr());
   auto* qp = reinterpret_cast<uint8_t*>(q.data_ptr());
-  // Column-major FP32 scales (col, col_tma; also row with one group, where both orders agree):
-  // grid (group, row tile), one launch per 65535 row tiles.
-  if (!kPacked && m > 1 && s.stride(0) == 1) {
-    constexpr int64_t kRowsPerLaunch = 65535 * (int64_t)kItemsPerBlock;
-    for (int64_t r0 = 0; r0 < m; r0 += kRowsPerLaunch) {
-      const int64_t rows = std::min(kRowsPerLaunch, m - r0);
-      const dim3 grid((unsigned)gp, (unsigned)((rows + kItemsPerBlock - 1) / kItemsPerBlock));
-      per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
-          <<<grid, kThreads, 0, stream>>>(xp + r0 * k, qp + r0 * k, reinterpret_cast<float*>(s.data_ptr()) + r0,
-                                          (uint32_t)rows, k, (uint32_t)g, (uint32_t)gp, s.stride(0), s.stride(1),
-                                          eps, qmax, true);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    return;
+  auto* sp = reinterpret_cast<int32_t*>(s.data_ptr());
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+    const int64_t rows = std::min(chunk, m - r0);
+    const dim3 grid = col_order ? dim3((unsigned)gp, (unsigned)((rows + kItemsPerBlock - 1) / kItemsPerBlock))
+                                : dim3((unsigned)((rows * gp + kItemsPerBlock - 1) / kItemsPerBlock));
+    per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
+        <<<grid, kThreads, 0, stream>>>(xp + r0 * k, qp + r0 * k, sp + r0 * s.stride(0), (uint32_t)rows, k,
+                                        (uint32_t)g, (uint32_t)gp, s.stride(0), s.stride(1), eps, qmax, col_order);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  const int64_t blocks = (m * gp + kItemsPerBlock - 1) / kItemsPerBlock;
-  per_token_group_quant_kernel<T, VPT, TPG, kInt8, kPacked, kPow2, kThreads, kItems, kLoad>
-      <<<blocks, kThreads, 0, stream>>>(xp, qp, s.data_ptr(), (uint32_t)m, k, (uint32_t)g, (uint32_t)gp,
-                                        s.stride(0), s.stride(1), eps, qmax, false);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, bool kInt8, bool kPacked, bool kPow2>
