@@ -25,12 +25,19 @@ def graph_ms(fn, rep=100) -> float:
     return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
-def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy, bytes read + written, median."""
+def copy_ms(nbytes: int, graph: bool = False) -> tuple[float, int]:
+    """Device-to-device copy of a bf16 buffer of about nbytes: (median ms, bytes read + written).
+    graph=True times CUDA-graph replays (as graph_ms), else eager calls (as median_ms)."""
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     b = torch.empty_like(a)
-    ms = median_ms(lambda: b.copy_(a))
-    return 2 * a.numel() * a.element_size() / (ms * 1e-3) / 1e9
+    fn = lambda: b.copy_(a)  # noqa: E731
+    return (graph_ms(fn) if graph else median_ms(fn)), 2 * a.numel() * a.element_size()
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, bytes read + written, median."""
+    ms, moved = copy_ms(nbytes)
+    return moved / (ms * 1e-3) / 1e9
 
 
 def fp8_gemm_tflops(n: int = 8192) -> float:

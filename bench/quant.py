@@ -6,7 +6,8 @@ K=7168, group 128, M in {128, 4096, 32768}; scale layouts row (FP32), col_tma (F
 DeepGEMM SM90) and ue8m0 (packed, DeepGEMM SM100). Bytes = input read + fp8 written +
 scales written. Beside it: torch.compile of the oracle (FP32 row scales), a device copy of
 the same bytes timed the same way (what a plain memory-bound kernel reaches at that
-size, fixed launch cost included), and the chunked direct UE8M0 weight quantization's peak extra memory.
+size, fixed launch cost included), and the chunked direct UE8M0 weight quantization's
+peak extra memory.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import itertools
 
 import torch
 
-from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms, median_ms
+from bench.common import copy_bandwidth_gbs, copy_ms, dump, environment, graph_ms, median_ms
 from rtp_fp8 import _ext
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import layout as L
@@ -50,12 +51,8 @@ def bench_kernel(m, layout, config=None, check=False, graph=False, backend="trit
 
 def bench_copy(m, graph=False):
     """A copy moving the bytes of row-scale quantization at M (half read, half written)."""
-    n = _bytes(m, "row") // 4
-    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    b = torch.empty_like(a)
-    fn = lambda: b.copy_(a)
-    ms = graph_ms(fn) if graph else median_ms(fn)
-    return ms, 4 * n / (ms * 1e-3) / 1e9
+    ms, moved = copy_ms(_bytes(m, "row") // 2, graph=graph)
+    return ms, moved / (ms * 1e-3) / 1e9
 
 
 def bench_compile(m):

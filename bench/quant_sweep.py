@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import pathlib
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def main():
             shipped = graph_ms(functools.partial(T.per_token_group_quant_into, x, q2, s2, 128, layout, backend="cuda"))
             rows.append({"m": m, "layout": layout, "impl": "cuda shipped", "us": shipped * 1e3,
                          "gbs": nbytes / (shipped * 1e-3) / 1e9})
-            for th, it, tpg, ld in [(th, it, tpg, ld) for th, it, tpg in SHAPES for ld in a.loads]:
+            for (th, it, tpg), ld in itertools.product(SHAPES, a.loads):
                 q.view(torch.uint8).fill_(0x7B)
                 s.view(torch.uint8).fill_(0x7B) if s.is_contiguous() else s.fill_(-1)
                 fn = functools.partial(torch.ops.rtp_fp8_C_tuning.cfg, x, q, s, layout, th, it, tpg, ld)
