@@ -13,9 +13,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 start=$SECONDS
 python3 tools/build_ext.py > "$logs/build.log" 2>&1 || { tail -40 "$logs/build.log"; exit 1; }
 echo "build_ext: $((SECONDS - start))s, $(stat -c %s rtp_fp8/_C.so) bytes"
+# DeepGEMM from its pinned archive (.accel/ or ../shared/third_party, see tools/build_deepgemm.py);
+# gpu-test reuses this build, the benchmarks import it through the exported variables.
+start=$SECONDS
+if python3 tools/build_deepgemm.py --env-file "$logs/deepgemm.env" > "$logs/deepgemm-build.log" 2>&1; then
+  echo "deepgemm: $((SECONDS - start))s"; set -a; source "$logs/deepgemm.env"; set +a
+else
+  echo "deepgemm: not built (exit $?): $(tail -1 "$logs/deepgemm-build.log")"
+fi
 ./dev gpu-test "$logs/gpu" -q ${kexpr:+-k "$kexpr"} > "$logs/gpu-summary.log" 2>&1
 echo "gpu-test: exit $?, $(tail -1 "$logs/gpu-summary.log")"
-grep -E "^(FAILED|ERROR)" "$logs/gpu-summary.log" | head -20
+grep -E "^(FAILED|ERROR)|^dev: deepgemm" "$logs/gpu-summary.log" | head -20
 python3 bench/quant.py --out "$out/quant.json" > "$logs/bench.log" 2>&1 || tail -20 "$logs/bench.log"
 grep -v "^sweep" "$logs/bench.log" | tail -32
 python3 bench/gemm.py --out "$out/gemm.json" > "$logs/gemm.log" 2>&1 || tail -20 "$logs/gemm.log"

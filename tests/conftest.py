@@ -40,3 +40,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.skip(reason=f"needs {sorted(arch_marks)}; this GPU is sm_{cap[0]}{cap[1]}")
             )
+
+
+def pytest_sessionstart(session):
+    """`./dev gpu-test` sets RTP_FP8_EXPECT_DEEPGEMM after building DeepGEMM from its pinned
+    archive: then a DeepGEMM that does not import is an error, not a quiet skip of its tests."""
+    want = os.environ.get("RTP_FP8_EXPECT_DEEPGEMM")
+    if want and _HAS_CUDA:
+        from rtp_fp8.gemm import deepgemm as D
+
+        caps = D.capabilities()
+        if not caps.available or caps.version != want:
+            raise pytest.UsageError(f"RTP_FP8_EXPECT_DEEPGEMM={want} but DeepGEMM is {caps.version}: "
+                                    f"{caps.reason or 'another version'}")

@@ -3,8 +3,11 @@
     ./dev smoke [args]      main job: the smoke suite on the embedded default model
     ./dev test [pytest args] every test that runs on this machine (CPU: Triton interpreter)
     ./dev lint              ruff over the tree
-    ./dev gpu-test OUTDIR   every gpu-marked test, with the machine's own python3 (no venv),
-                            junit + log written to OUTDIR
+    ./dev gpu-test OUTDIR [--deepgemm-archive PATH | --no-deepgemm] [pytest args]
+                            every gpu-marked test, with the machine's own python3 (no venv),
+                            junit + log written to OUTDIR; DeepGEMM is first built from its
+                            pinned archive when one is at hand (tools/build_deepgemm.py), so
+                            its tests run against the real library
     ./dev lock ...          tools/lock
     ./dev wheel --toolchain NAME [--out DIR]   byte-reproducible wheel (tools/wheel.py)
 
@@ -83,16 +86,63 @@ def cmd_lint(args: list[str]) -> int:
     return subprocess.run([str(py), "-m", "ruff", "check", *(args or ["."])], cwd=ROOT).returncode
 
 
+EXPECT_DEEPGEMM_ENV = "RTP_FP8_EXPECT_DEEPGEMM"
+
+
+def _deepgemm_env(archive: str | None, log) -> dict[str, str]:
+    """Build DeepGEMM from the pinned archive when one is at hand; the variables to use it, or {}."""
+    from tools import build_deepgemm as bd
+
+    try:
+        src = bd.pin()
+        path = bd.find_archive(src, explicit=archive)
+        if path is None:
+            where = ", ".join(str(p) for p in bd.candidates(src, explicit=archive))
+            log(f"deepgemm: no source archive (looked at: {where}); its real-library tests skip")
+            return {}
+        t0 = time.time()
+        env = bd.build(path, None, bd.default_out(src), src)
+    except bd.BuildError as exc:
+        if exc.code == 2:  # a refused archive is an error of the caller, not a reason to skip
+            raise SystemExit(f"dev: {exc}") from None
+        log(f"deepgemm: build failed, its real-library tests skip: {exc}")
+        return {}
+    log(f"deepgemm: {src['version']} from {path.name} ready in {time.time() - t0:.0f}s")
+    return {**env, EXPECT_DEEPGEMM_ENV: src["version"]}
+
+
 def cmd_gpu_test(args: list[str]) -> int:
-    if not args:
-        sys.exit("dev: usage: ./dev gpu-test OUTDIR [pytest args]")
+    """./dev gpu-test OUTDIR [--deepgemm-archive PATH | --no-deepgemm] [pytest args]"""
+    if not args or args[0].startswith("-"):
+        _say("usage: ./dev gpu-test OUTDIR [--deepgemm-archive PATH | --no-deepgemm] [pytest args]")
+        return 2
     out = pathlib.Path(args[0]).resolve()
+    rest, archive, want_dg = list(args[1:]), None, True
+    if "--no-deepgemm" in rest:
+        rest.remove("--no-deepgemm")
+        want_dg = False
+    if "--deepgemm-archive" in rest:
+        i = rest.index("--deepgemm-archive")
+        if i + 1 >= len(rest):
+            _say("--deepgemm-archive needs a PATH")
+            return 2
+        archive = rest[i + 1]
+        del rest[i:i + 2]
     out.mkdir(parents=True, exist_ok=True)
     env = _env(cpu=False)
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
-           f"--junitxml={out / 'gpu-junit.xml'}", "-rs", *args[1:]]
     with open(out / "gpu-test.log", "w") as log:
+        def say(msg):
+            _say(msg)
+            log.write(f"dev: {msg}\n")
+
+        if want_dg:
+            from tools import build_deepgemm as bd
+
+            env = bd.apply_env(_deepgemm_env(archive, say), env)
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+               f"--junitxml={out / 'gpu-junit.xml'}", "-rs", *rest]
+        log.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             sys.stdout.write(line)

@@ -62,6 +62,30 @@ class Config:
         return out
 
 
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_source(src: dict, min_version: str, where: str) -> None:
+    """A pinned source archive: full 40-hex commits, a 64-hex sha256, a version >= min_version."""
+    for key in ("version", "commit", "archive", "sha256"):
+        _req(src, key, where, str)
+    for key in [k for k in src if k == "commit" or k.endswith("_commit")]:
+        if not _HEX40.match(_req(src, key, where, str)):
+            raise ToolchainError(f"{TOOLCHAINS_TOML}: '{where}.{key}' must be a full 40-hex commit, got {src[key]!r}")
+    if not _HEX64.match(src["sha256"]):
+        raise ToolchainError(f"{TOOLCHAINS_TOML}: '{where}.sha256' must be 64 lowercase hex, got {src['sha256']!r}")
+    if "/" in src["archive"] or src["archive"].startswith("."):
+        raise ToolchainError(f"{TOOLCHAINS_TOML}: '{where}.archive' must be a bare file name, got {src['archive']!r}")
+
+    def vt(v):
+        return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
+
+    if vt(src["version"]) < vt(min_version):
+        raise ToolchainError(f"{TOOLCHAINS_TOML}: '{where}.version' {src['version']} is older than min_version "
+                             f"{min_version}")
+
+
 def _req(table: dict, key: str, where: str, typ: type):
     if key not in table:
         raise ToolchainError(f"{TOOLCHAINS_TOML}: missing key '{where}.{key}'")
@@ -146,4 +170,7 @@ def load(root: pathlib.Path | str | None = None) -> Config:
     for name, acc in accels.items():
         for key in ("min_version", "upstream", "commit"):
             _req(acc, key, f"accelerators.{name}", str)
+        if "source" in acc:
+            _check_source(_req(acc, "source", f"accelerators.{name}", dict), acc["min_version"],
+                          f"accelerators.{name}.source")
     return Config(toolchains, lock_tool, pip_version, pip_tools_version, accels)
