@@ -49,7 +49,9 @@ def _pybind(name, sig, impl=None):
     return F()
 
 
-def fake_deep_gemm(version="2.6.1", drop=(), legacy_masked=False, theo_args=2, no_cast_kw=()):
+def fake_deep_gemm(version="2.6.1", drop=(), legacy_masked=False, theo_args=1, no_cast_kw=()):
+    """A stand-in deep_gemm (CPU CI, version/argument variants). Defaults follow 2.6.1, whose
+    get_theoretical_mk_alignment_for_contiguous_layout takes one argument (expected_m per group)."""
     m = types.ModuleType("deep_gemm")
     m.__version__ = version
     m.calls = []
@@ -86,3 +88,16 @@ def fake_deep_gemm(version="2.6.1", drop=(), legacy_masked=False, theo_args=2, n
         delattr(m, n)
     m.state = state
     return m
+
+
+def real_deep_gemm():
+    """The real deep_gemm's capabilities (GPU tests), or a skip naming what is missing."""
+    from rtp_fp8.gemm import deepgemm as D
+
+    if not torch.cuda.is_available():
+        pytest.skip("the real DeepGEMM needs a CUDA GPU (none visible)")
+    caps = D.capabilities()
+    if not caps.available:
+        pytest.skip(f"the real DeepGEMM is not usable here: {caps.reason} (./dev gpu-test builds it from "
+                    "the pinned archive when one is at hand)")
+    return caps

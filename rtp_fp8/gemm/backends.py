@@ -10,8 +10,18 @@ Operands are in the Arch's formats (rtp_fp8.quant): A float8_e4m3fn [M, K] with 
 scales (FP32 MN-major TMA-aligned on SM90, packed UE8M0 on SM100/SM120), B [N, K] with
 128x128 FP32 block scales or packed per-row UE8M0. `select` walks the Arch's preference
 order (`Arch.gemm_backends`): DeepGEMM when it is importable, new enough, has the
-functions, serves the arch and the shape (N % 64 == 0, K % 128 == 0); else Triton. The
-choice and every bypassed backend's reason are logged once.
+functions, serves the arch and the shape (N % 64 == 0, K % 128 == 0) and, given a device,
+that GPU runs the arch's kernels (DeepGEMM's SM100 kernels assert on an SM90 GPU); else
+Triton, which on CPU tensors needs the interpreter (else the reference). The choice and every
+bypassed backend's reason are logged once.
+
+The grouped contract every backend meets (and all that callers may rely on):
+- contiguous: rows of expert e = m_indices[r] hold A[r] @ B[e]^T; -1 (padding) rows are
+  unspecified (DeepGEMM leaves them as the buffer held them; Triton writes zeros and counts
+  them).
+- masked: out[e, :masked_m[e]] holds the product; rows past masked_m[e] are unspecified
+  (DeepGEMM writes whole row tiles past it: masked_m 17 wrote 64 rows; Triton leaves them).
+The executors never read unspecified rows (tests/moe/test_executors.py poisons them).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import torch
 
 from rtp_fp8 import arch as A
+from rtp_fp8 import triton_env
 from rtp_fp8._logging import log_once
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm import reference as R
@@ -49,38 +60,48 @@ class Backend:
 
     def gemm_nt(self, a, sa, b, sb, out=None):
         if self.name == "triton":
+            _triton_device(a)
             return G.fp8_gemm_nt(a, sa, b, sb, out=out)
         out, _, _, sb_div = G.check_dense(a, sa, b, sb, out)
         if self.name == "reference":
             return _ref_into(out, R.gemm_nt_ref(a, sa, b, sb))
-        _deepgemm_operands(self.arch, sa, sb, sb_div, (), (), a.shape[0], b.shape[0], a.shape[1])
+        _deepgemm_operands(self.arch, a, sa, sb, sb_div, (), (), a.shape[0], b.shape[0], a.shape[1])
         return D.fp8_gemm_nt(a, sa, b, sb, out, self.arch)
 
     def grouped_contiguous(self, a, sa, b, sb, m_indices, out=None, alignment=128, counters=None):
         if self.name == "triton":
+            _triton_device(a)
             return G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=out, counters=counters,
                                                       alignment=alignment)
         # counters (padding rows, invalid ids) are counted by the Triton kernel only: validated, left unchanged here
         out, _, _, _, sb_div = G.check_contiguous(a, sa, b, sb, m_indices, out, counters, alignment)
         if self.name == "reference":
             return _ref_into(out, R.grouped_contiguous_ref(a, sa, b, sb, m_indices))
-        _deepgemm_operands(self.arch, sa, sb, sb_div, (), (b.shape[0],), a.shape[0], b.shape[1], a.shape[1])
+        _deepgemm_operands(self.arch, a, sa, sb, sb_div, (), (b.shape[0],), a.shape[0], b.shape[1], a.shape[1])
         with D.mk_alignment(alignment):
             return D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out, self.arch)
 
     def grouped_masked(self, a, sa, b, sb, masked_m, expected_m=None, out=None):
         if self.name == "triton":
+            _triton_device(a)
             return G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=expected_m, out=out)
         out, _, _, sb_div = G.check_masked(a, sa, b, sb, masked_m, out)
         G.check_expected_m(expected_m)
         if self.name == "reference":
             return _ref_into(out, R.grouped_masked_ref(a, sa, b, sb, masked_m), masked_m)
         e, mmax, k = a.shape
-        _deepgemm_operands(self.arch, sa, sb, sb_div, (e,), (e,), mmax, b.shape[1], k)
+        _deepgemm_operands(self.arch, a, sa, sb, sb_div, (e,), (e,), mmax, b.shape[1], k)
         return D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m or mmax, out, self.arch)
 
 
-def _deepgemm_operands(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
+def _triton_device(a) -> None:
+    """ValueError unless Triton can read a: CUDA tensors, CPU ones only under the interpreter."""
+    if isinstance(a, torch.Tensor) and not a.is_cuda and not triton_env.interpreting():
+        raise ValueError(f"a is on {a.device}: the triton backend needs CUDA tensors, or TRITON_INTERPRET=1 "
+                         "(set before import) for CPU ones; the reference backend runs on the CPU")
+
+
+def _deepgemm_operands(arch, a, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
     """The shapes and scales DeepGEMM consumes for arch, or ValueError naming the argument.
 
     SM90: FP32, A column-major TMA-aligned ("col_tma"; another layout would be transposed on every
@@ -98,7 +119,7 @@ def _deepgemm_operands(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
                                  f"truncated to UE8M0 without requantizing the FP8 values), got {s.dtype}")
         L.check_scales(sa, lead_a, rows, groups, "ue8m0", name="sa")
         L.check_scales(sb, lead_b, n, groups, "ue8m0", name="sb")
-        return
+        return _deepgemm_device(arch, a)
     for name, s in (("sa", sa), ("sb", sb)):
         if s.dtype != torch.float32:
             raise ValueError(f"{name} must be float32 scales for DeepGEMM on {arch} ({arch.scale_format} format), "
@@ -109,6 +130,14 @@ def _deepgemm_operands(arch, sa, sb, sb_div, lead_a, lead_b, rows, n, k):
                          f"{arch} (per-row FP32 B scales are Triton-only), got {tuple(sb.shape)}")
     if not sb.is_contiguous():
         raise ValueError(f"sb must be contiguous for DeepGEMM on {arch}, got strides {sb.stride()}")
+    _deepgemm_device(arch, a)
+
+
+def _deepgemm_device(arch, a):
+    """Last of the DeepGEMM checks: the tensors' GPU runs the Arch's kernels (else DeepGEMM asserts in C++)."""
+    why = D.device_reason(arch, a.device)
+    if why:
+        raise ValueError(f"a: {why}")
 
 
 def _ref_into(out, ref, masked_m=None):
@@ -117,18 +146,21 @@ def _ref_into(out, ref, masked_m=None):
         return ref
     if masked_m is None:
         return out.copy_(ref)
-    for e, mm in enumerate(masked_m.tolist()):  # rows past masked_m untouched, as the kernels do
+    for e, mm in enumerate(masked_m.tolist()):  # rows past masked_m: unspecified, left as they were
         out[e, :mm].copy_(ref[e, :mm])
     return out
 
 
-def unavailable_reason(name: str, arch: A.Arch, n: int | None = None, k: int | None = None) -> str:
-    """'' when backend `name` can run for arch (and shape), else why not."""
+def unavailable_reason(name: str, arch: A.Arch, n: int | None = None, k: int | None = None, device=None) -> str:
+    """'' when backend `name` can run for arch (and shape, and tensors on `device` when given), else why not."""
     if name not in NAMES:
         raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
+    if name == "triton" and device is not None and torch.device(device).type != "cuda" \
+            and not triton_env.interpreting():
+        return f"Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 for {torch.device(device).type} ones"
     if name != "deepgemm":
         return ""
-    ok, why = D.supports(arch)
+    ok, why = D.supports(arch, device=device)
     if not ok:
         return why
     if (n is not None and n % 64) or (k is not None and k % 128):
@@ -136,14 +168,16 @@ def unavailable_reason(name: str, arch: A.Arch, n: int | None = None, k: int | N
     return ""
 
 
-def select(arch: A.Arch, n: int | None = None, k: int | None = None, override: str | None = None) -> tuple[str, str]:
-    """(backend, reason) for arch and shape; an explicit override (argument or RTP_FP8_GEMM_BACKEND) wins
-    and must be runnable."""
+def select(arch: A.Arch, n: int | None = None, k: int | None = None, override: str | None = None,
+           device=None) -> tuple[str, str]:
+    """(backend, reason) for arch and shape (and tensors on `device`, when given: DeepGEMM only where that
+    GPU runs the Arch's kernels, Triton on the CPU only under the interpreter); an explicit override
+    (argument or RTP_FP8_GEMM_BACKEND) wins and must be runnable."""
     forced = override or os.environ.get(BACKEND_ENV) or None
     if forced not in (None, "auto"):
         if forced not in NAMES:
             raise ValueError(f"backend ({BACKEND_ENV}) must be one of {NAMES + ('auto',)}, got {forced!r}")
-        why = unavailable_reason(forced, arch, n, k)
+        why = unavailable_reason(forced, arch, n, k, device)
         if why:
             raise ValueError(f"backend {forced!r} was forced ({'override' if override else BACKEND_ENV}) but cannot "
                              f"run: {why}")
@@ -151,17 +185,18 @@ def select(arch: A.Arch, n: int | None = None, k: int | None = None, override: s
         return forced, "forced"
     if arch.is_cuda and "deepgemm" not in arch.gemm_backends:
         _log_once(f"{arch}: deepgemm bypassed: {D.supports(arch)[1]}")
+    where = "" if device is None else f" on {torch.device(device).type}"
     for name in arch.gemm_backends:
-        why = unavailable_reason(name, arch, n, k)
+        why = unavailable_reason(name, arch, n, k, device)
         if not why:
-            _log_once(f"{arch}: {name} GEMM backend")
+            _log_once(f"{arch}: {name} GEMM backend{where}")
             return name, "preferred for " + str(arch)
-        _log_once(f"{arch}: {name} bypassed: {why}")
+        _log_once(f"{arch}: {name} bypassed{where}: {why}")
     return "reference", "no kernel backend"
 
 
-def get(name: str, arch: A.Arch) -> Backend:
-    why = unavailable_reason(name, arch)
+def get(name: str, arch: A.Arch, device=None) -> Backend:
+    why = unavailable_reason(name, arch, device=device)
     if why:
         raise ValueError(f"backend {name!r} cannot run on {arch}: {why}")
     return Backend(name, arch)

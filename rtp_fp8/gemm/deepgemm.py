@@ -155,14 +155,31 @@ def capabilities() -> Capabilities:
     return caps
 
 
-def supports(arch: A.Arch, caps: Capabilities | None = None) -> tuple[bool, str]:
-    """Whether DeepGEMM can serve `arch` here, and why not."""
+def device_reason(arch: A.Arch, device) -> str:
+    """'' when DeepGEMM's kernels for `arch` can run on `device`, else why not (naming both).
+
+    DeepGEMM compiles its kernels for the Arch's family (SM90: FP32 scales, SM100: packed UE8M0)
+    and asserts in C++ when they meet another GPU: Arch(10, 0) operands on an SM90 device must
+    never reach it. Triton kernels have no such limit (they run any Arch's format anywhere)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"DeepGEMM runs on CUDA tensors, got a {device.type} tensor"
+    dev = A.detect(device)
+    if dev.major != arch.major:
+        return (f"DeepGEMM's {arch} kernels cannot run on this GPU ({dev}): arch={arch} needs a {arch.family} "
+                f"device; pass arch={dev} or another backend")
+    return ""
+
+
+def supports(arch: A.Arch, caps: Capabilities | None = None, device=None) -> tuple[bool, str]:
+    """Whether DeepGEMM can serve `arch` here (on `device`, when given), and why not."""
     caps = capabilities() if caps is None else caps
     if not caps.available:
         return False, caps.reason
     if "deepgemm" not in arch.gemm_backends:
         return False, f"DeepGEMM mainline has no kernels for {arch}"
-    return True, ""
+    why = "" if device is None else device_reason(arch, device)
+    return not why, why
 
 
 def _dg(caps: Capabilities | None):

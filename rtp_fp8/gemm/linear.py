@@ -36,8 +36,8 @@ class FP8Linear:
             raise ValueError(f"bias must be [{n}] on {weight.device}, got {tuple(bias.shape)} on {bias.device}")
         self.arch = A.resolve(arch, weight.device)
         self.n, self.k, self.group = n, k, group
-        self.backend, self.reason = BK.select(self.arch, n, k, backend)
-        self._be = BK.get(self.backend, self.arch)
+        self.backend, self.reason = BK.select(self.arch, n, k, backend, device=weight.device)
+        self._be = BK.get(self.backend, self.arch, weight.device)
         self.weight, self.weight_scales = quantize_weight(weight, self.arch)
         self.bias = None if bias is None else bias.to(torch.bfloat16)
         self.layout = activation_scale_layout(self.arch)

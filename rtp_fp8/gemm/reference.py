@@ -50,7 +50,7 @@ def grouped_contiguous_ref(a, sa, b, sb, m_indices) -> torch.Tensor:
 
 
 def grouped_masked_ref(a, sa, b, sb, masked_m) -> torch.Tensor:
-    """[E, Mmax, N] bf16; rows past masked_m[e] are zero here (the kernels leave them untouched)."""
+    """[E, Mmax, N] bf16; rows past masked_m[e] are zero here (unspecified in the backends' contract)."""
     e_, mmax = a.shape[:2]
     out = torch.zeros(e_, mmax, b.shape[1], dtype=torch.float64)
     for e, mm in enumerate(masked_m.cpu().tolist()):

@@ -228,7 +228,10 @@ def cuda_supports(x2: torch.Tensor, q2: torch.Tensor, group_size: int) -> bool:
 
 
 def choose_backend(x: torch.Tensor, backend: str | None, supported: bool = True) -> str:
-    """Explicit backend, else RTP_FP8_QUANT_BACKEND, else CUDA extension when usable, else Triton."""
+    """Explicit backend, else RTP_FP8_QUANT_BACKEND, else CUDA extension when usable, else Triton.
+
+    A CPU tensor takes Triton only under the interpreter (TRITON_INTERPRET=1); on a GPU host,
+    where the interpreter is off, it takes the plain-torch reference (same numerics)."""
     backend = backend or default_backend()
     if backend:
         if backend not in BACKENDS:
@@ -238,8 +241,13 @@ def choose_backend(x: torch.Tensor, backend: str | None, supported: bool = True)
 
             raise ValueError(f"backend='cuda' needs a CUDA input and the compiled extension "
                              f"({_ext.unavailable_reason() or 'input is not on CUDA'})")
+        if backend == "triton" and not x.is_cuda and not triton_env.interpreting():
+            raise ValueError(f"backend='triton' needs a CUDA input, or TRITON_INTERPRET=1 for a CPU one; x is on "
+                             f"{x.device}")
         return backend
-    return "cuda" if x.is_cuda and supported and _cuda_ext_available() else "triton"
+    if not x.is_cuda:  # CPU: Triton only under its interpreter, else the plain-torch oracle
+        return "triton" if triton_env.interpreting() else "reference"
+    return "cuda" if supported and _cuda_ext_available() else "triton"
 
 
 def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int,

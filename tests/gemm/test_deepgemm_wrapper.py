@@ -1,7 +1,10 @@
-"""The DeepGEMM wrapper against fake deep_gemm modules (DeepGEMM is not installable here or
-on the H200): capability probing by introspection, the version gate, explicit
+"""The DeepGEMM wrapper: capability probing by introspection, the version gate, explicit
 disable_ue8m0_cast, the mk-alignment context (restore after injected failures, read-back
-check, concurrent threads) and the version-dependent argument shapes."""
+check, concurrent threads) and the version-dependent argument shapes.
+
+Stand-in modules (helpers.fake_deep_gemm) cover CPU CI and the version/argument variants no
+single real build can show; the gpu-marked tests at the end run the same surfaces against the
+real library (built by `./dev gpu-test` from the archive pinned in deps/toolchains.toml)."""
 
 import logging
 import threading
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from helpers import fake_deep_gemm as fake
+from helpers import real_deep_gemm, rel_l2
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 
@@ -18,7 +22,7 @@ from rtp_fp8.gemm import deepgemm as D
 def test_probe_full_module():
     caps = D.probe(fake())
     assert caps.available and caps.version == "2.6.1" and caps.masked_name == "m_grouped_fp8_gemm_nt_masked"
-    assert caps.theoretical_alignment_args == 2 and caps.paged_mqa and caps.mqa_logits
+    assert caps.theoretical_alignment_args == 1 and caps.paged_mqa and caps.mqa_logits  # 2.6.1: one argument
     assert D.probe(fake(legacy_masked=True)).masked_name == "fp8_m_grouped_gemm_nt_masked"
     assert D.parameters(fake().fp8_gemm_nt)[-1] == "disable_ue8m0_cast"
 
@@ -170,3 +174,108 @@ def test_paged_mqa_calls_use_the_normalized_shapes():
     (_, meta_args, _), (_, logit_args, logit_kw), (_, mqa_args, _) = m.calls
     assert meta_args[0].shape == (2, 1) and logit_args[3].shape == (2, 1) and logit_kw["clean_logits"] is False
     assert mqa_args[1][1].shape == (7, 1)  # 2.4.2: [N, 1]
+
+
+def test_device_gate_names_both_archs(monkeypatch):
+    """An Arch whose DeepGEMM kernels the GPU cannot run is never offered (DeepGEMM would assert in C++)."""
+    caps = D.probe(fake())
+    assert D.supports(A.Arch(9, 0), caps, device="cpu") == (False, "DeepGEMM runs on CUDA tensors, got a cpu tensor")
+    monkeypatch.setattr(D.A, "detect", lambda device=None: A.Arch(9, 0))  # an SM90 GPU, seen through arch.py
+    ok, why = D.supports(A.Arch(10, 0), caps, device="cuda:0")
+    assert not ok and "DeepGEMM's sm100 kernels cannot run on this GPU (sm90)" in why
+    assert D.supports(A.Arch(9, 0), caps, device="cuda:0") == (True, "")
+
+
+# ----------------------------------------------------------------------------- the real library
+
+
+@pytest.mark.gpu
+def test_real_probe_accepts_the_library():
+    caps = real_deep_gemm()
+    dg = caps.module
+    assert D.parse_version(caps.version) >= D.parse_version(D.MIN_VERSION)
+    assert caps.masked_name in D.MASKED_NAMES
+    for name in ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", caps.masked_name):
+        assert "disable_ue8m0_cast" in D.parameters(getattr(dg, name)), name  # read from pybind11's __doc__
+    want = len(D.parameters(dg.get_theoretical_mk_alignment_for_contiguous_layout))
+    assert caps.theoretical_alignment_args == min(want, 2)
+
+
+@pytest.mark.gpu
+def test_real_theoretical_alignment():
+    caps = real_deep_gemm()
+    fn = caps.module.get_theoretical_mk_alignment_for_contiguous_layout
+    for expected_m, groups in ((256, 8), (4096, 32), (7, 1)):
+        got = D.theoretical_mk_alignment(expected_m, groups, caps)
+        per_group = -(-expected_m // groups)
+        assert got == (fn(expected_m, groups) if caps.theoretical_alignment_args == 2 else fn(per_group))
+        assert got % 16 == 0 and got >= 16
+
+
+@pytest.mark.gpu
+def test_real_mk_alignment_under_concurrent_threads():
+    caps = real_deep_gemm()
+    dg = caps.module
+    original = dg.get_mk_alignment_for_contiguous_layout()
+    errors = []
+
+    def worker(v):
+        for _ in range(50):
+            with D.mk_alignment(v, caps):
+                time.sleep(0.0002)
+                if dg.get_mk_alignment_for_contiguous_layout() != v:
+                    errors.append(v)
+
+    threads = [threading.Thread(target=worker, args=(v,)) for v in (32, 64, 128, 256)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and dg.get_mk_alignment_for_contiguous_layout() == original
+
+
+@pytest.mark.gpu_sm90
+def test_real_transform_sf_matches_our_layout():
+    """DeepGEMM's own SM90 layout transform of row-major FP32 1x128 scales equals ours (col_tma), bit for bit."""
+    caps = real_deep_gemm()
+    from rtp_fp8.quant import layout as L
+
+    for mn, k in ((7, 512), (300, 1024), (4096, 7168)):
+        sf = torch.rand(mn, k // 128, device="cuda") + 0.01
+        got = D.transform_sf(sf, mn, k, (1, 1, 128), A.Arch(9, 0), is_sfa=True, caps=caps)
+        want = L.to_layout(sf, "col_tma")
+        assert got.shape == want.shape and got.stride() == want.stride(), (got.stride(), want.stride())
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_real_paged_mqa_metadata_takes_our_context_lens():
+    """1-D context lengths (one per sequence) normalized to the 2-D form 2.6.1 asserts on."""
+    caps = real_deep_gemm()
+    lens = torch.randint(1, 4000, (5,), dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    meta = D.paged_mqa_logits_metadata(lens, 2, 64, sms, caps)
+    assert meta.shape == (sms + 1, 2) and meta.dtype == torch.int32
+
+
+@pytest.mark.gpu_sm90
+def test_real_ragged_mqa_logits_take_our_kv_scale():
+    """fp8_mqa_logits with the KV scale as [N] or [N, 1] (normalized per version) vs a float reference:
+    logits[i, j] = sum_h relu(q[i, h] . kv[j] * scale[j]) * w[i, h] for ks[i] <= j < ke[i]."""
+    caps = real_deep_gemm()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    s, skv, h, d = 64, 256, 32, 64
+    q = torch.randn(s, h, d, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    kv_f = torch.randn(skv, d, device="cuda", generator=g)
+    scale = kv_f.abs().amax(-1) / 448
+    kv = (kv_f / scale[:, None]).to(torch.float8_e4m3fn)
+    w = torch.rand(s, h, device="cuda", generator=g)
+    ks = torch.zeros(s, dtype=torch.int32, device="cuda")
+    ke = torch.arange(s, dtype=torch.int32, device="cuda") + (skv - s) + 1
+    for sc in (scale, scale[:, None]):
+        logits = D.fp8_mqa_logits(q, kv, sc, w, ks, ke, caps)
+        ref = torch.einsum("shd,nd->shn", q.float(), kv.float() * scale[:, None]).relu()
+        ref = (ref * w[:, :, None]).sum(1)
+        j = torch.arange(skv, device="cuda")
+        inside = (j[None, :] >= ks[:, None]) & (j[None, :] < ke[:, None])
+        assert rel_l2(logits[inside], ref[inside]) <= 1e-2

@@ -7,14 +7,16 @@ import logging
 import pytest
 import torch
 
+from helpers import DEVICES, real_deep_gemm, rel_l2
 from helpers import fake_deep_gemm as fake
-from helpers import rel_l2
 from rtp_fp8 import arch as A
+from rtp_fp8 import triton_env
 from rtp_fp8.gemm import backends as BK
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.linear import FP8Linear
 from rtp_fp8.quant import reference as R
+from rtp_fp8.quant import token_group as T
 
 
 @pytest.fixture
@@ -67,39 +69,87 @@ def test_shape_gate_and_overrides(dg_present, monkeypatch):
         BK.select(A.Arch(9, 0), 256, 2048)
 
 
-@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(12, 0)], ids=str)
-def test_linear_matches_oracles(dg_absent, arch):
-    g = torch.Generator().manual_seed(0)
-    w = (torch.randn(320, 512, generator=g) / 512**0.5).to(torch.bfloat16)
-    bias = torch.randn(320, generator=g).to(torch.bfloat16)
-    x = torch.randn(2, 5, 512, generator=g).to(torch.bfloat16)
-    lin = FP8Linear(w, bias, arch=arch)
-    assert lin.backend == "triton"
+def _check_linear(lin, w, bias, x, arch):
     y = lin(x)
-    assert y.shape == (2, 5, 320) and y.dtype == torch.bfloat16
-    qa, sa = R.per_token_group_quant_ref(x.reshape(10, 512), 128, pow2=arch.scale_format == "ue8m0")
-    emulated = GR.gemm_nt_ref(qa, sa, lin.weight, lin.weight_scales) + bias.double()
-    assert rel_l2(y.reshape(10, 320), emulated) <= 5e-3
-    assert rel_l2(y.float(), torch.nn.functional.linear(x.float(), w.float(), bias.float())) <= 0.05
+    assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == torch.bfloat16 and y.device == x.device
+    k = x.shape[-1]
+    qa, sa = R.per_token_group_quant_ref(x.reshape(-1, k).cpu(), 128, pow2=arch.scale_format == "ue8m0")
+    emulated = GR.gemm_nt_ref(qa, sa, lin.weight.cpu(), lin.weight_scales.cpu())
+    if bias is not None:
+        emulated = emulated + bias.double().cpu()
+    assert rel_l2(y.reshape(-1, w.shape[0]).cpu(), emulated) <= 5e-3
+    want = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+    assert rel_l2(y.float(), want) <= 0.05
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(12, 0)], ids=str)
+def test_linear_matches_oracles(dg_absent, arch, device):
+    """Triton on CUDA tensors and on CPU ones under the interpreter; on a GPU host (interpreter off)
+    CPU tensors take the plain-torch reference instead of reaching Triton."""
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(320, 512, generator=g) / 512**0.5).to(torch.bfloat16).to(device)
+    bias = torch.randn(320, generator=g).to(torch.bfloat16).to(device)
+    x = torch.randn(2, 5, 512, generator=g).to(torch.bfloat16).to(device)
+    lin = FP8Linear(w, bias, arch=arch)
+    assert lin.backend == ("triton" if device == "cuda" or triton_env.interpreting() else "reference")
+    _check_linear(lin, w, bias, x, arch)
+
+
+def test_cpu_tensors_never_reach_triton_without_the_interpreter(dg_absent, monkeypatch):
+    """What a GPU host does with CPU tensors (TRITON_INTERPRET off): the reference backend, and a
+    clear error where Triton is forced."""
+    monkeypatch.setattr(BK.triton_env, "interpreting", lambda: False)
+    assert BK.select(A.Arch(9, 0), 256, 512, device="cpu")[0] == "reference"
+    a, sa, b, sb = (torch.empty(1),) * 4
+    with pytest.raises(ValueError, match="a is on cpu: the triton backend needs CUDA tensors"):
+        BK.Backend("triton", A.Arch(9, 0)).gemm_nt(a, sa, b, sb)
+    with pytest.raises(ValueError, match="backend 'triton' was forced .* Triton kernels need CUDA tensors"):
+        BK.select(A.Arch(9, 0), 256, 512, override="triton", device="cpu")
 
 
 @pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(10, 0)], ids=str)
 def test_linear_operands_pass_the_deepgemm_format_gate(dg_present, arch, monkeypatch):
     """FP8Linear's own weights and activations are in the format DeepGEMM takes for the Arch (the
-    backend refuses anything else): a stand-in for deep_gemm's GEMM gets them and answers with
-    the oracle, so the layer's output is checked end to end."""
+    backend refuses anything else): a stand-in for deep_gemm's GEMM gets them and answers with the
+    oracle. (DeepGEMM is never selected for CPU tensors, so the layer's operands are handed to the
+    DeepGEMM backend directly; on a GPU, test_linear_on_the_real_deepgemm runs the real thing.)"""
     def fake_gemm(a, sa, b, sb, out, arch_):
         want = torch.int32 if arch.scale_format == "ue8m0" else torch.float32
         assert arch_ == arch and sa.dtype == sb.dtype == want
         return out.copy_(GR.gemm_nt_ref(a, sa, b, sb))
 
-    monkeypatch.setattr(BK.D, "fp8_gemm_nt", fake_gemm)
     g = torch.Generator().manual_seed(1)
     w = (torch.randn(256, 512, generator=g) / 512**0.5).to(torch.bfloat16)
     x = torch.randn(7, 512, generator=g).to(torch.bfloat16)
     lin = FP8Linear(w, arch=arch)
-    assert lin.backend == "deepgemm"
-    assert rel_l2(lin(x).float(), x.float() @ w.float().t()) <= 0.05
+    assert lin.backend != "deepgemm"  # CPU tensors
+    monkeypatch.setattr(BK.D, "fp8_gemm_nt", fake_gemm)
+    monkeypatch.setattr(BK.D, "device_reason", lambda arch_, device: "")  # a GPU of the Arch's family (stand-in)
+    a, sa = T.per_token_group_quant(x, 128, scale_layout=lin.layout)
+    y = BK.Backend("deepgemm", arch).gemm_nt(a, sa, lin.weight, lin.weight_scales)
+    assert rel_l2(y.float(), x.float() @ w.float().t()) <= 0.05
+
+
+@pytest.mark.gpu
+def test_linear_on_the_real_deepgemm(monkeypatch):
+    """FP8Linear on this GPU's own Arch picks the real DeepGEMM and matches the oracle; an Arch the
+    GPU cannot run (sm100 formats on sm90, or the reverse) is not offered DeepGEMM."""
+    real_deep_gemm()
+    monkeypatch.setattr(BK, "_logged", set())
+    monkeypatch.delenv(BK.BACKEND_ENV, raising=False)
+    here = A.detect()
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(512, 1024, generator=g) / 32).to(torch.bfloat16).cuda()
+    bias = torch.randn(512, generator=g).to(torch.bfloat16).cuda()
+    x = torch.randn(3, 37, 1024, generator=g).to(torch.bfloat16).cuda()
+    lin = FP8Linear(w, bias, arch=here)
+    assert lin.backend == "deepgemm", lin.reason
+    _check_linear(lin, w, bias, x, here)
+    other = A.Arch(10, 0) if here.major == 9 else A.Arch(9, 0)
+    assert FP8Linear(w, arch=other).backend == "triton"
+    with pytest.raises(ValueError, match=f"DeepGEMM's {other} kernels cannot run on this GPU"):
+        FP8Linear(w, arch=other, backend="deepgemm")
 
 
 def test_linear_bad_input(dg_absent):

@@ -208,3 +208,51 @@ def test_executor_bad_input():
         ex(x[:4, :128], torch.zeros(4, TOPK, dtype=torch.int32), torch.ones(4, TOPK))
     with pytest.raises(ValueError, match="topk_weights must be"):
         ex(x[:4], torch.zeros(4, TOPK, dtype=torch.int32), torch.ones(4, 1))
+
+
+def _hostile(real, unspecified_rows, poisoned):
+    """A grouped GEMM that meets only the backend contract: after the real kernel, the rows the
+    contract leaves unspecified (past masked_m; -1 padding rows) are overwritten with garbage, as
+    DeepGEMM may leave them (it writes whole row tiles past masked_m and never writes -1 rows)."""
+    def gemm(*args, out=None, **kw):
+        out = real(*args, out=out, **kw)
+        rows = unspecified_rows(args).to(out.device)
+        out[rows] = float("nan")
+        poisoned.append(int(rows.sum()))
+        return out
+
+    return gemm
+
+
+def _past_masked_m(args):
+    masked_m, e, mmax = args[4].cpu(), args[0].shape[0], args[0].shape[1]
+    return torch.arange(mmax)[None, :].expand(e, mmax) >= masked_m[:, None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["contiguous", "masked"])
+def test_executors_never_read_rows_the_gemm_contract_leaves_unspecified(device, kind, monkeypatch):
+    """Run once with the Triton GEMMs, once with GEMMs that write NaN into every unspecified row:
+    the executor's output is bit-identical, so no later step (SiLU*mul+quant, the down GEMM, the
+    gather) depends on those rows."""
+    wg, wu, wd = _weights(device, seed=5)
+    experts = X.QuantizedExperts.from_bf16(wg, wu, wd, A.Arch(9, 0))
+    make = (lambda: X.ContiguousExecutor(experts, max_tokens=16, topk=TOPK, alignment=32)) if kind == "contiguous" \
+        else (lambda: X.MaskedExecutor(experts, max_tokens=16, topk=TOPK))
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(13, H, generator=g).to(torch.bfloat16).to(device)
+    w, ids = torch.softmax(torch.randn(13, E, generator=g), -1).topk(TOPK, dim=-1)
+    w, ids = w.to(device), ids.to(torch.int32).to(device)
+    honest = make()(x, ids, w)
+    assert not torch.isnan(honest).any()
+    poisoned = []
+    if kind == "contiguous":
+        real = X.G.m_grouped_fp8_gemm_nt_contiguous
+        monkeypatch.setattr(X.G, "m_grouped_fp8_gemm_nt_contiguous",
+                            _hostile(real, lambda args: (args[4] == -1).cpu(), poisoned))
+    else:
+        real = X.G.m_grouped_fp8_gemm_nt_masked
+        monkeypatch.setattr(X.G, "m_grouped_fp8_gemm_nt_masked", _hostile(real, _past_masked_m, poisoned))
+    hostile = make()(x, ids, w)
+    assert len(poisoned) == 2 and min(poisoned) > 0  # both GEMMs ran, each with unspecified rows to poison
+    assert torch.equal(hostile.view(torch.int16), honest.view(torch.int16))

@@ -446,7 +446,10 @@ def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment
 def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
     """a [M_sum, K] rows grouped by expert (m_indices [M_sum] int32, -1 = padding),
     b [E, N, K] -> out [M_sum, N]. Every expert segment starts at a multiple of
-    `alignment` (the mk-alignment, a multiple of 16); the tile height divides it."""
+    `alignment` (the mk-alignment, a multiple of 16); the tile height divides it.
+
+    -1 rows are unspecified by the backend contract (DeepGEMM leaves them unwritten); this kernel
+    writes zeros there and counts them (counters[0]), and zeroes and counts invalid ids (counters[1])."""
     out, counters, packed_a, packed_b, sb_div = check_contiguous(a, sa, b, sb, m_indices, out, counters, alignment)
     m, k = a.shape
     e, n = b.shape[:2]
@@ -490,7 +493,11 @@ def check_expected_m(expected_m):
 
 
 def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None):
-    """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] untouched.
+    """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] unspecified.
+
+    The grouped contract (rtp_fp8.gemm.backends): rows past masked_m[e] are unspecified and callers
+    must not read them. This kernel happens to leave them as they were; DeepGEMM writes whole row
+    tiles past masked_m.
 
     expected_m (a hint of the typical rows per expert) picks the tile size."""
     out, packed_a, packed_b, sb_div = check_masked(a, sa, b, sb, masked_m, out)
