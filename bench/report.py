@@ -36,13 +36,32 @@ unchunked {d['chunk_extra_mib']['None']:.0f} MiB, 1024-row chunks {d['chunk_extr
 
 def gemm_section(d: dict, path: str) -> str:
     env = d["env"]
+    dg = any("dg_tflops" in r for r in d["results"])
+
     def row(r):
         eager = f"{r['eager_ms']:.3f}" if "eager_ms" in r else "-"
         tri = f"{r['triton_tflops']:.0f}" if "triton_tflops" in r else "-"
+        extra = (f" {r['dg_tflops']:.0f} | {r['ours_over_dg']:.2f} | {r['same']} |" if "dg_tflops" in r
+                 else " - | - | - |") if dg else ""
         return (f"| {r['kind']} | {tuple(r['shape'])} | {r.get('kernel', 'triton')} | {r['ms']:.3f} | "
-                f"{r['tflops']:.0f} | {r['ratio']:.2f} | {eager} | {tri} |")
+                f"{r['tflops']:.0f} | {r['ratio']:.2f} | {eager} | {tri} |{extra}")
 
     rows = "\n".join(row(r) for r in d["results"])
+    head = "| kind | M, N, K | kernel | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) | Triton kernel TFLOP/s |"
+    rule = "|---|---|---|---:|---:|---:|---:|---:|"
+    dg_text = ""
+    if dg:
+        import math
+
+        ratios = [r["ours_over_dg"] for r in d["results"] if "dg_tflops" in r]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        head += " DeepGEMM TFLOP/s | ours / DeepGEMM | same output |"
+        rule += "---:|---:|---|"
+        dg_text = (f"\nDeepGEMM {env.get('deep_gemm')} (built from the archive pinned in deps/toolchains.toml) ran "
+                   "on the same operands in the same run; \"same output\" is `bit` where both outputs are "
+                   "bit-identical (masked: on the rows below masked_m, the rest being unspecified). "
+                   f"Geomean ours / DeepGEMM over {len(ratios)} shapes: **{geo:.3f}**. Masked shapes: "
+                   "M = expected_m = masked_m rows per expert, capacity 2 * expected_m.\n")
     return f"""## Block-scaled FP8 GEMM (`bench/gemm.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
@@ -52,9 +71,9 @@ CUDA-graph replays (kernel time); "eager call" is one Python call with its launc
 is what the shipped dispatch ran: `sm90_ws 128xBN` (warp-specialized Gluon, SM90; BN the tile width
 `sm90_ws.tile_n` chose) or `triton`; beside `sm90_ws` the Triton kernel's TFLOP/s in the same run
 (bit-identical output, checked).
-
-| kind | M, N, K | kernel | ms | TFLOP/s | ratio to cuBLASLt | eager call (ms) | Triton kernel TFLOP/s |
-|---|---|---|---:|---:|---:|---:|---:|
+{dg_text}
+{head}
+{rule}
 {rows}
 """
 
