@@ -4,6 +4,11 @@ Two layers: causal single-head attention (q/k/v/o dense linears) and an MLP (lay
 dense gate/up/down; layer 1: MoE, 4 experts, top-2, stacked [E, N, K] weights). Weights
 come from a seed and are saved as a BF16 safetensors checkpoint on first use.
 
+Channel magnitudes are uneven (rows and columns of a linear scaled by 2^u, u uniform in
+[-channel_spread, channel_spread] per 128 channels plus +-0.5 per channel, then renormalized),
+as in real checkpoints, so that block scales differ and a scale laid out wrongly changes the
+numbers.
+
 Built for large greedy margins: the LM head is the embedding shifted by one row, so the
 residual stream (embedding of the last token plus small layer contributions) picks
 "token + 1" with a margin of ~H, while attention, MLP and MoE still move the logits
@@ -29,7 +34,7 @@ from rtp_fp8.loader import online_fp8 as LD
 from rtp_fp8.quant import quantize_activation
 
 CONFIG = {"architecture": "rtp_fp8_smoke_decoder", "vocab": 512, "hidden": 512, "ffn": 1024, "moe_ffn": 512,
-          "experts": 4, "topk": 2, "layers": 2, "moe_layers": [1], "seed": 20261202}
+          "experts": 4, "topk": 2, "layers": 2, "moe_layers": [1], "seed": 20261202, "channel_spread": 2}
 CACHE = pathlib.Path(__file__).resolve().parent / ".cache" / "default_model"
 
 
@@ -49,8 +54,19 @@ def generate_weights(cfg: dict) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(cfg["seed"])
     v, h, f, mf, e = cfg["vocab"], cfg["hidden"], cfg["ffn"], cfg["moe_ffn"], cfg["experts"]
 
+    spread = cfg.get("channel_spread", 0)
+
     def rnd(*shape, scale):
-        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+        w = torch.randn(*shape, generator=g) * scale
+        if spread:  # uneven channel magnitudes, as real checkpoints have: 128x128 block scales differ
+            def factors(n):  # 2^u per 128 channels, u uniform in [-spread, spread], times 2^(+-0.5) per channel
+                u = torch.rand(*shape[:-2], -(-n // 128), generator=g) * 2 * spread - spread
+                u = u.repeat_interleave(128, -1)[..., :n] + torch.rand(*shape[:-2], n, generator=g) - 0.5
+                return 2.0 ** u
+
+            f = factors(shape[-2])[..., :, None] * factors(shape[-1])[..., None, :]
+            w = w * f / f.pow(2).mean((-2, -1), keepdim=True).sqrt()
+        return w.to(torch.bfloat16)
 
     emb = torch.randn(v, h, generator=g)
     emb = emb / emb.norm(dim=1, keepdim=True) * math.sqrt(h)
@@ -72,6 +88,17 @@ def generate_weights(cfg: dict) -> dict[str, torch.Tensor]:
             w[p + "w_up"] = rnd(f, h, scale=1 / math.sqrt(h))
             w[p + "w_down"] = rnd(h, f, scale=0.3 / math.sqrt(f))
     return w
+
+
+def tensor_names(cfg: dict) -> list[str]:
+    """The tensor names a checkpoint of this architecture holds (for --model-dir's check)."""
+    names = ["embed", "lm_head"]
+    for i in range(cfg["layers"]):
+        p = f"layers.{i}."
+        names += [p + n for n in ("attn_norm", "mlp_norm", "wq", "wk", "wv", "wo")]
+        names += [p + n for n in (("router", "experts.w_gate", "experts.w_up", "experts.w_down")
+                                  if i in cfg["moe_layers"] else ("w_gate", "w_up", "w_down"))]
+    return names
 
 
 def ensure_default_checkpoint(path: pathlib.Path = CACHE) -> pathlib.Path:
@@ -177,6 +204,39 @@ def _moe(h, t, lin, p, cfg):
         y = lin.linear(act.to(torch.bfloat16), p + "experts.w_down", e).float()
         out.index_add_(0, rows, y * weights[rows, slot, None])
     return out.to(torch.bfloat16)
+
+
+class Probe:
+    """The BF16 forward, with every linear also run through the FP8 path on the BF16 path's own
+    input (teacher forcing): errors[key] is the worst relative L2 of the FP8 output against the
+    BF16 output of that linear (key: the weight's name, "name[e]" for expert e). Each linear is
+    judged alone, so a broken expert or layer shows in full, however little it moves the logits."""
+
+    def __init__(self, ref, fp8):
+        self.ref, self.fp8, self.errors = ref, fp8, {}
+
+    def linear(self, x, name, expert=None):
+        y = self.ref.linear(x, name, expert)
+        z = self.fp8.linear(x, name, expert)
+        err = float((z.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30))
+        key = name if expert is None else f"{name}[{expert}]"
+        self.errors[key] = max(self.errors.get(key, 0.0), err)
+        return y
+
+
+def linear_errors(tokens: list[int], t: dict, ref, fp8, cfg: dict, plan: dict[str, str]) -> dict[str, float]:
+    """Probe's errors over one BF16 forward of `tokens`; a planned linear (or expert) the tokens
+    never reached is probed on seeded random rows, so every weight is checked."""
+    probe = Probe(ref, fp8)
+    forward(tokens, t, probe, cfg)
+    g = torch.Generator().manual_seed(cfg["seed"] + 1)
+    for name in plan:
+        w = t[name]
+        for e in (range(w.shape[0]) if w.dim() == 3 else [None]):
+            if (name if e is None else f"{name}[{e}]") not in probe.errors:
+                x = torch.randn(16, w.shape[-1], generator=g).to(torch.bfloat16).to(w.device)
+                probe.linear(x, name, e)
+    return probe.errors
 
 
 def greedy(prompt: list[int], steps: int, t: dict, lin, cfg: dict) -> tuple[list[int], torch.Tensor]:

@@ -9,8 +9,10 @@ system this project learns from). 2-D weights on UE8M0 arches take the direct pa
 quantized with a block other than 128.
 
 A weight plan names, for each tensor, how it is split: "column" (rows N, column-parallel),
-"row" (columns K, row-parallel), "replicate" (kept BF16: norms, embeddings, routers).
-Shapes whose TP part is not a multiple of 128 are rejected with the tensor's name.
+"row" (columns K, row-parallel), "fp8" (quantized, whole on every rank) or "replicate" (kept
+in its checkpoint precision, whole on every rank: norms, embeddings, routers; any rank, 1-D
+included). Tensors the plan does not name are kept as they are. Shapes whose TP part is not a
+multiple of 128 are rejected with the tensor's name; tp must be >= 1 and 0 <= rank < tp.
 """
 
 from __future__ import annotations
@@ -56,20 +58,44 @@ def load_safetensors(model_dir: str | pathlib.Path) -> tuple[dict, dict[str, tor
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model_dir {d}: no *.safetensors file")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        for k, v in load_file(str(f)).items():
+        try:
+            part = load_file(str(f))
+        except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+            raise ValueError(f"{f}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+        for k, v in part.items():
             if k in tensors:
                 raise ValueError(f"tensor {k!r} appears in more than one file of {d}")
             tensors[k] = v
-    return json.loads(cfg_path.read_text()), tensors
+    return cfg, tensors
 
 
-def quantize_weight(name: str, w: torch.Tensor, arch: A.Arch, split: str = "replicate", tp: int = 1,
+def check_tp(tp, rank) -> None:
+    for what, v in (("tp", tp), ("rank", rank)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{what} must be an int, got {v!r}")
+    if tp < 1 or not 0 <= rank < tp:
+        raise ValueError(f"tp must be >= 1 and rank in [0, tp), got tp={tp}, rank={rank}")
+
+
+def quantize_weight(name: str, w: torch.Tensor, arch: A.Arch, split: str = "fp8", tp: int = 1,
                     rank: int = 0, block: int = 128) -> Fp8Weight:
-    """One BF16 weight -> this rank's FP8 part in `arch`'s scale format."""
-    if split not in ("column", "row", "replicate"):
-        raise ValueError(f"{name}: split must be 'column', 'row' or 'replicate', got {split!r}")
+    """One BF16 weight -> this rank's FP8 part in `arch`'s scale format ("fp8": the whole weight)."""
+    if split == "replicate":
+        raise ValueError(f"{name}: split 'replicate' keeps a tensor in its own precision (quantize_checkpoint "
+                         "does); quantize_weight takes 'column', 'row' or 'fp8' (whole)")
+    if split not in ("column", "row", "fp8"):
+        raise ValueError(f"{name}: split must be 'column', 'row' or 'fp8', got {split!r}")
+    check_tp(tp, rank)
+    if not isinstance(w, torch.Tensor):
+        raise ValueError(f"{name}: expected a tensor, got {type(w).__name__}")
     if w.dim() not in (2, 3):
         raise ValueError(f"{name}: expected a 2-D weight or 3-D stacked experts, got shape {tuple(w.shape)}")
     ue8m0 = arch.scale_format == "ue8m0"
@@ -81,7 +107,7 @@ def quantize_weight(name: str, w: torch.Tensor, arch: A.Arch, split: str = "repl
     q, s = B.quantize_weight_blocks(w, block, pow2=direct, chunk_rows=1024 if 1024 % block == 0 else None)
     if ue8m0 and not direct:
         q, s = B.requant_ue8m0(q, s, block)
-    if split != "replicate" and tp > 1:
+    if split != "fp8" and tp > 1:
         dim = "n" if split == "column" else "k"
         try:
             q, s = TP.split_weight(q, s, tp, rank, dim, block)
@@ -95,12 +121,17 @@ def quantize_weight(name: str, w: torch.Tensor, arch: A.Arch, split: str = "repl
 
 def quantize_checkpoint(tensors: dict[str, torch.Tensor], plan: dict[str, str], arch: A.Arch | None = None,
                         tp: int = 1, rank: int = 0, device: str | torch.device = "cpu"):
-    """-> {name: Fp8Weight for planned linears, BF16 tensor (this rank's part) for the rest}."""
+    """-> {name: Fp8Weight for planned linears (column, row, fp8), the tensor itself, in its own
+    precision, for "replicate" and unplanned ones}."""
     arch = A.resolve(arch)
+    check_tp(tp, rank)
+    bad = {n: v for n, v in plan.items() if v not in ("column", "row", "fp8", "replicate")}
+    if bad:
+        raise ValueError(f"plan: splits must be 'column', 'row', 'fp8' or 'replicate', got {bad}")
     out = {}
     for name, t in tensors.items():
         split = plan.get(name)
-        if split is None:
+        if split in (None, "replicate"):
             out[name] = t.to(device)
             continue
         if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
