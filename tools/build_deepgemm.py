@@ -18,7 +18,8 @@ use it:
 `--source DIR` builds an unpacked tree instead (no digest to check: the caller vouches for it;
 the version it reports must still be >= the minimum). The archive is looked for, in order, at
 --archive, $RTP_FP8_DEEPGEMM_ARCHIVE, <repo>/.accel/<archive>, <repo>/../shared/third_party/
-deep_gemm/<archive> (<repo>: $BUILD_WORKSPACE_DIRECTORY under `bazel run //tools:build_deepgemm`). Exit status: 0 built (or reused), 1 the build or the check failed, 2 usage
+deep_gemm/<archive> (<repo>: $BUILD_WORKSPACE_DIRECTORY under
+`bazel run //tools:build_deepgemm`). Exit status: 0 built (or reused), 1 the build or the check failed, 2 usage
 (no archive found, digest mismatch, bad path).
 """
 

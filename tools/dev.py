@@ -161,6 +161,8 @@ def main(argv: list[str]) -> int:
             "lock": lambda a: locktool.main(a), "wheel": _wheel}
     if not argv or argv[0] not in cmds:
         print(__doc__)
+        if argv:
+            _say(f"unknown command {argv[0]!r}; the commands are {', '.join(sorted(cmds))}")
         return 2
     return cmds[argv[0]](argv[1:])
 

@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except (WheelError, tcmod.ToolchainError, locktool.LockError) as exc:
         print(f"wheel: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an --out/--output that cannot be made or written: one line, no traceback
+        print(f"wheel: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"{path}  sha256={hashlib.sha256(path.read_bytes()).hexdigest()}")
     return 0
 

@@ -90,15 +90,18 @@ def _row_owner(rows, e, emask, counts, starts):
 
 
 @triton.jit
-def _plan_kernel(counts_ptr, starts_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.constexpr, EB: tl.constexpr,
-                 BLOCK: tl.constexpr):
+def _plan_kernel(counts_ptr, starts_ptr, ends_ptr, cursor_ptr, mi_ptr, cap, E, ALIGN: tl.constexpr,
+                 EB: tl.constexpr, BLOCK: tl.constexpr):
     """Contiguous plan: every program derives the aligned starts from the counts (written by the
-    previous launch) itself; program 0 stores starts and zeroes the scatter cursor; each program
-    writes its block of m_indices (expert id on real rows, -1 on padding and unused rows)."""
+    previous launch) itself; program 0 stores starts, ends (start + count: the segment's real
+    rows, so a scatter that reuses a spent cursor overflows, counted, instead of filling padding
+    rows) and zeroes the scatter cursor; each program writes its block of m_indices (expert id
+    on real rows, -1 on padding and unused rows)."""
     pid = tl.program_id(0)
     e, emask, counts, starts = _aligned_starts(counts_ptr, E, ALIGN, EB)
     if pid == 0:
         tl.store(starts_ptr + e, starts, mask=emask)
+        tl.store(ends_ptr + e, starts + counts, mask=emask)
         tl.store(cursor_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=emask)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     tl.store(mi_ptr + rows, _row_owner(rows, e, emask, counts, starts), mask=rows < cap)
@@ -261,18 +264,25 @@ def _scales_by_row_kernel(map_ptr, xs_ptr, os_ptr, rows_n, T, SK, stride_xsm, st
 
 
 @triton.jit
-def _gather_kernel(y_ptr, w_ptr, oidx_ptr, out_ptr, H, stride_ym, stride_om, TOPK: tl.constexpr, BH: tl.constexpr):
+def _gather_kernel(y_ptr, w_ptr, oidx_ptr, out_ptr, counters_ptr, M, H, stride_ym, stride_om, TOPK: tl.constexpr,
+                   BH: tl.constexpr):
+    """An index outside [-1, M) (not one ep_scatter wrote) reads nothing: it is skipped like -1 and
+    counted once per (token, k) in counters[0] (by the column-block-0 program)."""
     t = tl.program_id(0)
     h0 = tl.program_id(1) * BH
     offs = h0 + tl.arange(0, BH)
     hm = offs < H
     acc = tl.zeros((BH,), dtype=tl.float32)
+    bad = 0
     for k in tl.static_range(TOPK):
         idx = tl.load(oidx_ptr + t * TOPK + k)
+        ok = (idx >= 0) & (idx < M)
+        bad += ((idx < -1) | (idx >= M)).to(tl.int32)
         w = tl.load(w_ptr + t * TOPK + k).to(tl.float32)
-        row = tl.load(y_ptr + tl.where(idx >= 0, idx, 0).to(tl.int64) * stride_ym + offs, mask=hm & (idx >= 0),
-                      other=0.0)
-        acc += tl.where(idx >= 0, w, 0.0) * row.to(tl.float32)
+        row = tl.load(y_ptr + tl.where(ok, idx, 0).to(tl.int64) * stride_ym + offs, mask=hm & ok, other=0.0)
+        acc += tl.where(ok, w, 0.0) * row.to(tl.float32)
+    if (bad > 0) & (tl.program_id(1) == 0):
+        tl.atomic_add(counters_ptr, bad, sem="relaxed")
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=hm)
 
 
@@ -286,9 +296,25 @@ def _check_ids(topk_ids):
         raise ValueError("topk_ids must be an int32 or int64 tensor")
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be [tokens, topk], got shape {tuple(topk_ids.shape)}")
+    if topk_ids.device.type == "meta":
+        raise ValueError("topk_ids is a meta tensor (no data); the kernels need real ids")
+
+
+def _ids_int32(topk_ids) -> torch.Tensor:
+    """Contiguous int32 ids. int64 ids outside int32 are clamped to -1 / INT32_MAX first (both
+    invalid, so counted), never wrapped onto a small valid id; no host sync."""
+    if topk_ids.dtype == torch.int64:
+        topk_ids = topk_ids.clamp(-1, 2**31 - 1)
+    return topk_ids.to(torch.int32).contiguous()
 
 
 def _check_experts(num_experts, expert_offset, num_global_experts):
+    for name, v in (("num_experts", num_experts), ("expert_offset", expert_offset)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int, got {v!r}")
+    if num_global_experts is not None and (isinstance(num_global_experts, bool) or not isinstance(num_global_experts,
+                                                                                                 int)):
+        raise ValueError(f"num_global_experts must be an int or None, got {num_global_experts!r}")
     if not 1 <= num_experts <= 1024:
         raise ValueError(f"num_experts must be in [1, 1024], got {num_experts}")
     ng = expert_offset + num_experts if num_global_experts is None else num_global_experts
@@ -321,7 +347,7 @@ def _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max
     measured no faster there on the H200, 14.3 vs 13.1 us for layout + scatter at T=256.)"""
     if topk_ids.numel() > SMALL_ROUTES or num_experts > 256:
         return None
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)
+    ids = _ids_int32(topk_ids).view(-1)
     plan = torch.empty(5, num_experts, dtype=torch.int32, device=topk_ids.device)
     counts, starts, cursor, ends, masked_m = plan.unbind(0)
     eb = triton.next_power_of_2(num_experts)
@@ -341,7 +367,7 @@ def _hist_block(eb: int) -> int:
 def _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=None):
     """counts [E] (zeroed here unless given zeroed) += local ids per expert; counters[0] += invalid ids."""
     dev = topk_ids.device
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)
+    ids = _ids_int32(topk_ids).view(-1)
     if counts is None:
         counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
     if ids.numel():
@@ -355,7 +381,8 @@ def _counts(topk_ids, num_experts, expert_offset, ng, counters, counts=None):
 
 class EpLayout(tuple):
     """(counts, starts, m_indices | masked_m, counters); `.cursor` (zeroed by the plan launch)
-    and `.ends` (masked: each expert's row limit) go to ep_scatter."""
+    and `.ends` (each expert's row limit: contiguous start + count, masked start + max_m) go to
+    ep_scatter."""
 
     def __new__(cls, counts, starts, rows, counters, cursor, ends=None):
         self = super().__new__(cls, (counts, starts, rows, counters))
@@ -364,7 +391,8 @@ class EpLayout(tuple):
 
 
 def _check_alignment(alignment):
-    if not isinstance(alignment, int) or alignment < 1 or alignment > 256 or alignment & (alignment - 1):
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 or alignment > 256 \
+            or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two in [1, 256], got {alignment!r}")
 
 
@@ -388,26 +416,31 @@ def ep_layout(topk_ids: torch.Tensor, num_experts: int, capacity: int, alignment
     m_indices: where they go (default: a new tensor)."""
     _check_ids(topk_ids)
     _check_alignment(alignment)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 0 <= capacity < 2**31:
+        raise ValueError(f"capacity must be an int in [0, 2^31), got {capacity!r}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     counters = _counters(counters, topk_ids.device)
     m_indices = _m_indices(m_indices, capacity, topk_ids.device)  # checked before the count launch
     counts, counters = _counts(topk_ids, num_experts, expert_offset, ng, counters)
-    starts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)
+    plan = torch.empty(3, num_experts, dtype=torch.int32, device=topk_ids.device)
+    starts, ends, cursor = plan.unbind(0)
     blk = 128
-    _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, cursor, m_indices, capacity, num_experts,
-                                                        ALIGN=alignment, EB=triton.next_power_of_2(num_experts),
-                                                        BLOCK=blk)
-    return EpLayout(counts, starts, m_indices, counters, cursor)
+    _plan_kernel[(max(1, triton.cdiv(capacity, blk)),)](counts, starts, ends, cursor, m_indices, capacity,
+                                                        num_experts, ALIGN=alignment,
+                                                        EB=triton.next_power_of_2(num_experts), BLOCK=blk)
+    return EpLayout(counts, starts, m_indices, counters, cursor, ends)
 
 
 def ep_masked_layout(topk_ids: torch.Tensor, num_experts: int, max_m: int, *, expert_offset: int = 0,
                      num_global_experts: int | None = None, counters: torch.Tensor | None = None) -> EpLayout:
     """Masked layout [E, max_m] -> (counts [E], starts [E] = e * max_m, masked_m [E], counters [2]); .ends."""
     _check_ids(topk_ids)
-    if max_m < 1:
-        raise ValueError(f"max_m must be >= 1, got {max_m}")
+    if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 1:
+        raise ValueError(f"max_m must be an int >= 1, got {max_m!r}")
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
+    if num_experts * max_m >= 2**31:  # row indices e * max_m are int32 on the device
+        raise ValueError(f"num_experts * max_m = {num_experts * max_m} rows must stay below 2^31 (int32 row "
+                         f"indices), got num_experts={num_experts}, max_m={max_m}")
     counters = _counters(counters, topk_ids.device)
     small = _small_masked_layout(topk_ids, num_experts, expert_offset, ng, counters, max_m)
     if small is not None:
@@ -508,21 +541,34 @@ def _uses_row_map(out_scales, routes):
 
 
 def ep_scatter(x, x_scales, topk_ids, starts, out, out_scales, counters, *, ends=None, cursor=None,
-               expert_offset: int = 0, deterministic: bool = False):
+               expert_offset: int = 0, deterministic: bool = False, num_experts: int | None = None):
     """Copy routed rows (and their scales) into `out` / `out_scales`; -> output_index [T, topk].
 
-    ends [E]: each expert's segment end (masked layout: starts + max_m); default: `out`'s capacity.
+    ends [E]: each expert's segment end: the layout's `.ends` (contiguous: start + count, masked:
+    start + max_m); default: `out`'s capacity. A row at or past its end is not written and is
+    counted as overflow (so a spent cursor reused by a second scatter cannot fill padding rows).
     cursor [E] int32, zero: the layout's `.cursor` (saves a launch); default: a new one.
+    num_experts: the layout's expert count; starts (and ends, cursor) must have that many entries
+    (default: starts' length; the executors pass it, so a shortened starts cannot drop routes).
     """
     _check_scatter(x, x_scales, topk_ids, out, out_scales)
     t, topk = topk_ids.shape
     counters = _counters(counters, x.device, required=True)
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.int32 or starts.dim() != 1 \
+            or starts.device != x.device:
+        got = (starts.dtype, tuple(starts.shape), str(starts.device)) if isinstance(starts, torch.Tensor) else starts
+        raise ValueError(f"starts must be a 1-D int32 tensor on {x.device} (the layout's), got {got}")
     e = starts.numel()
+    if num_experts is not None and e != num_experts:
+        raise ValueError(f"starts must have one entry per expert (num_experts={num_experts}), got {e}")
     for name, v in (("ends", ends), ("cursor", cursor)):
-        if v is not None and (v.shape != starts.shape or v.dtype != torch.int32):
-            raise ValueError(f"{name} must be int32 with one entry per expert ({e}), got {tuple(v.shape)} {v.dtype}")
+        if v is not None and (not isinstance(v, torch.Tensor) or v.shape != starts.shape or v.dtype != torch.int32
+                              or v.device != x.device or not v.is_contiguous()):
+            got = (v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else v
+            raise ValueError(f"{name} must be contiguous int32 with one entry per expert ({e}) on {x.device}, "
+                             f"got {got}")
     oidx = torch.empty(t, topk, dtype=torch.int32, device=x.device)
-    ids = topk_ids.to(torch.int32).contiguous()
+    ids = _ids_int32(topk_ids)
     n = t * topk
     if not n:
         return oidx
@@ -566,14 +612,15 @@ def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignm
     if deterministic or not _uses_row_map(out_scales, n):
         lay = ep_layout(topk_ids, num_experts, cap, alignment, expert_offset=expert_offset,
                         num_global_experts=num_global_experts, counters=counters, m_indices=m_indices)
-        return lay, ep_scatter(x, x_scales, topk_ids, lay[1], out, out_scales, lay[3], cursor=lay.cursor,
-                               expert_offset=expert_offset, deterministic=deterministic)
+        return lay, ep_scatter(x, x_scales, topk_ids, lay[1], out, out_scales, lay[3], ends=lay.ends,
+                               cursor=lay.cursor, expert_offset=expert_offset, deterministic=deterministic,
+                               num_experts=num_experts)
     _check_alignment(alignment)
     m_indices = _m_indices(m_indices, cap, x.device)
     ng = _check_experts(num_experts, expert_offset, num_global_experts)
     dev = x.device
     counters = _counters(counters, dev)
-    ids = topk_ids.to(torch.int32).contiguous()  # once, for the count and the scatter launches
+    ids = _ids_int32(topk_ids)  # once, for the count and the scatter launches
     plan = torch.zeros(2, num_experts, dtype=torch.int32, device=dev)  # counts, cursor: one memset
     counts, cursor = plan.unbind(0)
     counts, counters = _counts(ids, num_experts, expert_offset, ng, counters, counts=counts)
@@ -587,19 +634,43 @@ def ep_dispatch(x, x_scales, topk_ids, num_experts: int, out, out_scales, alignm
     return EpLayout(counts, starts, m_indices, counters, cursor), oidx
 
 
-def ep_gather(expert_out, topk_weights, output_index, out=None):
-    """Weighted top-k sum (FP32 accumulation) of the expert rows; -> bf16 [T, H]."""
+def ep_gather(expert_out, topk_weights, output_index, out=None, counters=None):
+    """Weighted top-k sum (FP32 accumulation) of the expert rows; -> bf16 [T, H] (into `out` if given).
+
+    An output_index entry outside [-1, rows of expert_out) is not read (the host cannot see it
+    without a sync): it is skipped like -1 and counted in counters[0] (a new pair when None)."""
+    for name, v in (("expert_out", expert_out), ("topk_weights", topk_weights), ("output_index", output_index)):
+        if not isinstance(v, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(v).__name__}")
+        if v.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor (no data)")
     if output_index.dim() != 2 or output_index.dtype != torch.int32:
         raise ValueError("output_index must be an int32 [tokens, topk] tensor (ep_scatter's result)")
     t, topk = output_index.shape
+    if expert_out.dim() != 2 or expert_out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"expert_out must be a 2-D bf16/fp16/fp32 tensor [rows, H], got {expert_out.dtype} "
+                         f"{tuple(expert_out.shape)}")
     h = expert_out.shape[1]
-    if tuple(topk_weights.shape) != (t, topk):
-        raise ValueError(f"topk_weights must be [{t}, {topk}], got {tuple(topk_weights.shape)}")
+    if tuple(topk_weights.shape) != (t, topk) or not topk_weights.dtype.is_floating_point:
+        raise ValueError(f"topk_weights must be a float tensor [{t}, {topk}], got {topk_weights.dtype} "
+                         f"{tuple(topk_weights.shape)}")
     if expert_out.stride(-1) != 1:
         raise ValueError("expert_out must have a contiguous last dimension")
-    out = torch.empty(t, h, dtype=torch.bfloat16, device=expert_out.device) if out is None else out
+    dev = expert_out.device
+    for name, v in (("topk_weights", topk_weights), ("output_index", output_index)):
+        if v.device != dev:
+            raise ValueError(f"{name} is on {v.device}, expert_out on {dev}")
+    if out is None:
+        out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
+    elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != (t, h)
+          or out.device != dev or out.stride(-1) != 1):
+        got = (out.dtype, tuple(out.shape), str(out.device), out.stride()) if isinstance(out, torch.Tensor) else out
+        raise ValueError(f"out must be a bfloat16 tensor of shape [{t}, {h}] on {dev} with a contiguous last "
+                         f"dimension, got {got}")
+    counters = _counters(counters, dev)
     if t:
         bh = min(1024, triton.next_power_of_2(h))
         _gather_kernel[(t, triton.cdiv(h, bh))](expert_out, topk_weights.contiguous(), output_index.contiguous(),
-                                                out, h, expert_out.stride(0), out.stride(0), TOPK=topk, BH=bh)
+                                                out, counters, expert_out.shape[0], h, expert_out.stride(0),
+                                                out.stride(0), TOPK=topk, BH=bh)
     return out

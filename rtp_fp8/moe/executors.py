@@ -127,11 +127,12 @@ class _Executor:
                  expert_offset: int = 0, num_global_experts: int | None = None, deterministic: bool = False):
         if not isinstance(experts, QuantizedExperts):
             raise TypeError(f"experts must be QuantizedExperts, got {type(experts).__name__}")
+        for name, v in (("max_tokens", max_tokens), ("topk", topk), ("group", group)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         e, h, i = experts.num_experts, experts.hidden, experts.inter
         if h % group or i % group:
             raise ValueError(f"hidden size {h} and intermediate size {i} must be multiples of the quant group {group}")
-        if max_tokens < 1 or topk < 1:
-            raise ValueError(f"max_tokens and topk must be >= 1, got {max_tokens}, {topk}")
         K._check_experts(e, expert_offset, num_global_experts)
         self.experts, self.arch = experts, experts.arch
         self.e, self.h, self.i, self.topk, self.group = e, h, i, topk, group
@@ -248,7 +249,7 @@ class ContiguousExecutor(_Executor):
         G.m_grouped_fp8_gemm_nt_contiguous(self.act_q, self.act_s, ex.w2, ex.w2_scales, m_indices, out=self.down,
                                            alignment=self.alignment)
         self._account()
-        return K.ep_gather(self.down, topk_weights, oidx)
+        return K.ep_gather(self.down, topk_weights, oidx, counters=self.counters)
 
 
 def _batched(flat: torch.Tensor, e: int, m: int) -> torch.Tensor:
@@ -281,7 +282,7 @@ class MaskedExecutor(_Executor):
                                  counters=self.counters)
         _, starts, masked_m, counters = lay
         oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, ends=lay.ends, cursor=lay.cursor,
-                            expert_offset=self.expert_offset, deterministic=self.deterministic)
+                            expert_offset=self.expert_offset, deterministic=self.deterministic, num_experts=e)
         del q, s
         expected_m = max(1, min(m, -(-x.shape[0] * self.topk // e)))
         ex = self.experts
@@ -291,7 +292,7 @@ class MaskedExecutor(_Executor):
         G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, self.i), _batched(self.act_s, e, m), ex.w2,
                                        ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
         self._account()
-        return K.ep_gather(self.down.view(e * m, self.h), topk_weights, oidx)
+        return K.ep_gather(self.down.view(e * m, self.h), topk_weights, oidx, counters=self.counters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +336,13 @@ class FP8MoE:
 
     def __init__(self, experts: QuantizedExperts, max_tokens: int, topk: int, *, masked_max_tokens: int = 64,
                  executor: str | None = None, **kw):
+        if executor is not None and executor not in EXECUTORS + ("auto",):
+            raise ValueError(f"executor must be one of {EXECUTORS + ('auto',)} or None, got {executor!r}")
+        forced = os.environ.get(EXECUTOR_ENV, "")
+        if forced and forced not in EXECUTORS + ("auto",):
+            raise ValueError(f"{EXECUTOR_ENV} must be one of {EXECUTORS + ('auto',)}, got {forced!r}")
+        if isinstance(masked_max_tokens, bool) or not isinstance(masked_max_tokens, int) or masked_max_tokens < 0:
+            raise ValueError(f"masked_max_tokens must be an int >= 0, got {masked_max_tokens!r}")
         self.experts, self.max_tokens, self.topk = experts, max_tokens, topk
         self.masked_max_tokens, self.executor, self.kw = masked_max_tokens, executor, kw
         self._executors: dict[str, _Executor] = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from rtp_fp8.quant import ue8m0
-from rtp_fp8.quant.layout import cdiv
+from rtp_fp8.quant.layout import cdiv, check_eps
 
 FP8_MAX = 448.0
 WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -26,6 +26,8 @@ WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _check_weight(w: torch.Tensor, name: str = "w") -> None:
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if w.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor (no data): quantization needs a CPU or CUDA tensor")
     if w.dtype not in WEIGHT_DTYPES:
         raise TypeError(f"{name} must be one of {WEIGHT_DTYPES}, got {w.dtype}")
     if w.dim() < 2 or w.shape[-1] == 0 or w.shape[-2] == 0:
@@ -58,9 +60,11 @@ def quantize_weight_blocks(w: torch.Tensor, block: int = 128, pow2: bool = False
                            chunk_rows: int | None = None):
     """-> (fp8 [*batch, N, K], fp32 scales [*batch, ceil(N/block), ceil(K/block)])."""
     _check_weight(w)
-    if block <= 0 or block & (block - 1):
-        raise ValueError(f"block must be a positive power of two, got {block}")
-    if chunk_rows is not None and (chunk_rows <= 0 or chunk_rows % block):
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block & (block - 1):
+        raise ValueError(f"block must be a positive power of two, got {block!r}")
+    check_eps(eps)
+    if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0
+                                   or chunk_rows % block):
         raise ValueError(f"chunk_rows must be a positive multiple of block={block}, got {chunk_rows}")
     *batch, n, k = w.shape
     flat = w.reshape(-1, n, k)

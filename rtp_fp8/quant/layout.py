@@ -68,6 +68,22 @@ def alloc_scales(batch: tuple[int, ...], mn: int, num_groups: int, layout: str,
     return torch.as_strided(storage, (*batch, mn, cols), strides)
 
 
+def zero_row_padding(scales: torch.Tensor, mn: int) -> None:
+    """Zero the padding words of a 2-D 'ue8m0' tensor [MN, C] (rows MN..align(MN, 4) of each column):
+    layout.py promises them zero, and a caller's reused buffer may hold anything. Graph-safe."""
+    pad = align(mn, 4) - mn
+    if pad and scales.shape[-1]:
+        torch.as_strided(scales, (pad, scales.shape[-1]), (1, scales.stride(-1)),
+                         scales.storage_offset() + mn).zero_()
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """A finite positive float (the smallest amax a scale is computed from), else ValueError."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"{name} must be a finite positive number, got {eps!r}")
+    return float(eps)
+
+
 def check_scales(scales: torch.Tensor, batch: tuple[int, ...], mn: int, num_groups: int, layout: str,
                  name: str = "scales", device: torch.device | None = None) -> None:
     """ValueError/TypeError naming `name` unless `scales` is exactly `layout` for this shape."""

@@ -189,6 +189,8 @@ def _launch_config(m: int, num_groups: int, group: int, packed: bool) -> tuple[i
 def _validate(x, group_size, out_dtype, scale_layout):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "meta":
+        raise ValueError("x is a meta tensor (no data): quantization needs a CPU or CUDA tensor")
     if x.dtype not in IN_DTYPES:
         raise TypeError(f"x must be one of {IN_DTYPES}, got {x.dtype}")
     if out_dtype not in OUT_DTYPES:
@@ -266,10 +268,11 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     m, k = x2.shape
     g = k // group_size
     L.check_scales(scales, (), m, g, scale_layout, "scales", x.device)
-    if eps <= 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    eps = L.check_eps(eps)
     pow2 = pow2 or scale_layout == "ue8m0"
     backend = choose_backend(x, backend, x.is_cuda and cuda_supports(x2, q2, group_size))
+    if scale_layout == "ue8m0":
+        L.zero_row_padding(scales, m)  # the kernels write rows < m only
     if m == 0:
         return
     if backend == "reference":
@@ -333,8 +336,9 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
     L.check_layout_name(scale_layout)
     g = i // group_size
     L.check_scales(scales, (), r, g, scale_layout, "scales", gate_up.device)
-    if eps <= 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    eps = L.check_eps(eps)
+    if scale_layout == "ue8m0":
+        L.zero_row_padding(scales, r)
     if r == 0:
         return
     packed = scale_layout == "ue8m0"

@@ -24,8 +24,8 @@ def _bits(x: torch.Tensor, name: str) -> torch.Tensor:
 def ceil_pow2(x: torch.Tensor) -> torch.Tensor:
     """Round positive FP32 values up to a power of two (exact, by the exponent bits)."""
     bits = _bits(x, "x")
-    if not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
-        raise ValueError("x must be finite and non-negative to round up to a power of two")
+    if not bool(torch.isfinite(x).all()) or bool((x <= 0).any()):
+        raise ValueError("x must be finite and positive to round up to a power of two (0 has none)")
     exp = (bits >> 23) & 0xFF
     exp = exp + ((bits & _MANT) != 0).to(torch.int32)
     if bool((exp > 254).any()):

@@ -26,8 +26,8 @@ def test_ceil_pow2_matches_frexp_oracle():
 
 
 def test_ceil_pow2_rejects_bad_values():
-    for bad in ([float("nan")], [float("inf")], [-1.0]):
-        with pytest.raises(ValueError, match="finite and non-negative"):
+    for bad in ([float("nan")], [float("inf")], [-1.0], [0.0], [-0.0]):
+        with pytest.raises(ValueError, match="finite and positive"):
             ue8m0.ceil_pow2(torch.tensor(bad))
     with pytest.raises(TypeError, match="x must be float32"):
         ue8m0.ceil_pow2(torch.tensor([1.0], dtype=torch.float64))

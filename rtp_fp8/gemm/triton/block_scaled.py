@@ -103,7 +103,7 @@ def _fp8_gemm_kernel(
     stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, COUNT_MASKED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -111,7 +111,11 @@ def _fp8_gemm_kernel(
         e = tl.program_id(1)
         pid_m = pid // tiles_n
         pid_n = pid % tiles_n
-        m_limit = tl.minimum(tl.load(grp_ptr + e), M)
+        mm = tl.load(grp_ptr + e)
+        if COUNT_MASKED:  # masked_m outside [0, M]: clamped, and counted (cnt_ptr: [negative, above M])
+            if (pid == 0) & ((mm < 0) | (mm > M)):
+                tl.atomic_add(cnt_ptr + (mm > M).to(tl.int32), 1, sem="relaxed")
+        m_limit = tl.minimum(mm, M)
     else:
         e = 0
         pid_m, pid_n = _swizzled_tile(pid, TILES_M, tiles_n, GROUP_M)
@@ -206,6 +210,8 @@ def _fp8_gemm_tma_kernel(
 def _check_fp8(t, name, dims):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor (no data): the GEMMs need CPU or CUDA tensors")
     if t.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
     if t.dim() != dims:
@@ -267,6 +273,8 @@ def _check_out(out, shape, device):
 
 def _same_device(device, **tensors):
     for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, expected {device} (a's device)")
 
@@ -319,15 +327,15 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk,
-            warps, stages, group_m):
+            warps, stages, group_m, count_masked=False):
     (a_e, a_m, a_k), (b_e, b_n, b_k), (d_e, d_m, d_n) = _strides3(a), _strides3(b), _strides3(d)
     (sa_e, sa_m, sa_k), (sb_e, sb_n, sb_k) = _strides3(sa), _strides3(sb)
     _fp8_gemm_kernel[grid](
         a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m,
         a_e, a_m, a_k, b_e, b_n, b_k, d_e, d_m, d_n, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, num_warps=warps,
-        num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, COUNT_MASKED=count_masked,
+        num_warps=warps, num_stages=stages,
     )
 
 
@@ -416,6 +424,13 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     return out
 
 
+def _check_counters(counters, device):
+    if (not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.shape != (2,)
+            or counters.device != device or not counters.is_contiguous()):
+        raise ValueError("counters must be contiguous int32 of shape (2,) on a's device")
+    return counters
+
+
 def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
     """Validate an m-grouped contiguous call: (out, counters, packed_a, packed_b, sb_div)."""
     _check_fp8(a, "a", 2)
@@ -433,12 +448,9 @@ def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment
     packed_b, sb_div = check_b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, m_indices=m_indices)
     out = _check_out(out, (m, n), a.device)
-    if counters is None:
-        counters = torch.zeros(2, dtype=torch.int32, device=a.device)
-    elif (not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32 or counters.shape != (2,)
-          or counters.device != a.device or not counters.is_contiguous()):
-        raise ValueError("counters must be contiguous int32 of shape (2,) on a's device")
-    if not isinstance(alignment, int) or alignment < 16 or alignment % 16:
+    counters = torch.zeros(2, dtype=torch.int32, device=a.device) if counters is None else _check_counters(counters,
+                                                                                                           a.device)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 16 or alignment % 16:
         raise ValueError(f"alignment must be a positive multiple of 16 (tile rows share one expert), got {alignment!r}")
     return out, counters, packed_a, packed_b, sb_div
 
@@ -492,8 +504,12 @@ def check_expected_m(expected_m):
                          f"got {expected_m!r}")
 
 
-def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None):
+def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=None, counters=None):
     """a [E, Mmax, K], b [E, N, K], masked_m [E] int32 -> out [E, Mmax, N]; rows >= masked_m[e] unspecified.
+
+    masked_m lives on the device, so the host cannot check it without a sync: an entry outside
+    [0, Mmax] is clamped (negative: no rows; above: Mmax rows) and, when `counters` (int32 [2])
+    is given, counted there: counters[0] += negative entries, counters[1] += entries above Mmax.
 
     The grouped contract (rtp_fp8.gemm.backends): rows past masked_m[e] are unspecified and callers
     must not read them. This kernel happens to leave them as they were; DeepGEMM writes whole row
@@ -502,6 +518,8 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     expected_m (a hint of the typical rows per expert) picks the tile size."""
     out, packed_a, packed_b, sb_div = check_masked(a, sa, b, sb, masked_m, out)
     check_expected_m(expected_m)
+    if counters is not None:
+        _check_counters(counters, a.device)
     e, mmax, k = a.shape
     n = b.shape[1]
     if e == 0 or mmax == 0 or n == 0:
@@ -509,6 +527,6 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     bm, bn, bk, warps, stages, gm = _config(expected_m if expected_m is not None else mmax, n, k)
     tiles_m = cdiv(mmax, bm)
     grid = (tiles_m * cdiv(n, bn), e)
-    _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m, mmax, n, k, e, tiles_m, sb_div, packed_a,
-            packed_b, bm, bn, bk, warps, stages, gm)
+    _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m if counters is None else counters, mmax, n, k, e,
+            tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm, count_masked=counters is not None)
     return out
