@@ -81,25 +81,25 @@ def _ue8m0_reused_buffer_padding_zeroed():
     assert_bits_equal(scales, L.to_layout(sr, "ue8m0"))
 
 
-def _masked_m_out_of_range_counted():
+def _masked_m_out_of_range_counted(dev="cpu"):
     e, mmax, n, k = 3, 32, 256, 256
-    a, sa, b, sb = _gemm_operands(mmax, n, k, e=e)
+    a, sa, b, sb = (t.to(dev) for t in _gemm_operands(mmax, n, k, e=e))
     a3 = a.view(e, mmax, k)
-    sa3 = L.alloc_scales((e,), mmax, k // 128, "col_tma", "cpu")
+    sa3 = L.alloc_scales((e,), mmax, k // 128, "col_tma", dev)
     for i in range(e):
         sa3[i].copy_(sa[i * mmax:(i + 1) * mmax])
-    masked = torch.tensor([mmax + 40, -3, 7], dtype=torch.int32)
-    counters = torch.zeros(2, dtype=torch.int32)
-    out = G.m_grouped_fp8_gemm_nt_masked(a3, sa3, b, sb, masked, out=poison_(torch.empty(e, mmax, n,
-                                                                                          dtype=torch.bfloat16)),
-                                         counters=counters)
+    masked = torch.tensor([mmax + 40, -3, 7], dtype=torch.int32, device=dev)
+    counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    out = G.m_grouped_fp8_gemm_nt_masked(a3, sa3, b, sb, masked, counters=counters,
+                                         out=poison_(torch.empty(e, mmax, n, dtype=torch.bfloat16, device=dev)))
+    a3, sa3, b, sb, out = (t.cpu() for t in (a3, sa3, b, sb, out))
     assert counters.tolist() == [1, 1]  # one negative, one above Mmax
     assert rel_l2(out[0], GR.gemm_nt_ref(a3[0], sa3[0], b[0], sb[0])) <= 5e-3  # clamped to Mmax rows
     assert rel_l2(out[2, :7], GR.gemm_nt_ref(a3[2, :7], sa3[2, :7], b[2], sb[2])) <= 5e-3
 
 
-def _int64_ids_never_wrap():
-    ids = torch.tensor([[2**32 + 1, 0], [-(2**32) + 1, 1], [2**40, 2**31]], dtype=torch.int64)
+def _int64_ids_never_wrap(dev="cpu"):
+    ids = torch.tensor([[2**32 + 1, 0], [-(2**32) + 1, 1], [2**40, 2**31]], dtype=torch.int64, device=dev)
     counts, starts, mi, counters = K.ep_layout(ids, 4, K.workspace_rows(6, 4, 16), 16)
     assert counts.tolist() == [1, 1, 0, 0]  # 2^32 + 1 is not expert 1, -2^32 + 1 is not expert 1
     assert counters.tolist() == [4, 0]
@@ -107,15 +107,15 @@ def _int64_ids_never_wrap():
     assert lay[0].tolist() == [1, 1, 0, 0] and lay[3].tolist() == [4, 0]
 
 
-def _spent_cursor_overflows_counted():
+def _spent_cursor_overflows_counted(dev="cpu"):
     t, h = 6, 128
-    ids = torch.tensor([[0], [0], [1], [1], [1], [0]], dtype=torch.int32)
-    x = torch.randn(t, h).to(torch.bfloat16)
-    xs = torch.rand(t, 1)
+    ids = torch.tensor([[0], [0], [1], [1], [1], [0]], dtype=torch.int32, device=dev)
+    x = torch.randn(t, h).to(torch.bfloat16).to(dev)
+    xs = torch.rand(t, 1).to(dev)
     cap = K.workspace_rows(t, 2, 16)
     lay = K.ep_layout(ids, 2, cap, 16)
-    out = poison_(torch.empty(cap, h, dtype=torch.bfloat16))
-    os_ = torch.zeros(cap, 1)
+    out = poison_(torch.empty(cap, h, dtype=torch.bfloat16, device=dev))
+    os_ = torch.zeros(cap, 1, device=dev)
     K.ep_scatter(x, xs, ids, lay[1], out, os_, lay[3], ends=lay.ends, cursor=lay.cursor)
     snapshot = out.clone()
     oidx = K.ep_scatter(x, xs, ids, lay[1], out, os_, lay[3], ends=lay.ends, cursor=lay.cursor)  # spent cursor
@@ -123,12 +123,12 @@ def _spent_cursor_overflows_counted():
     assert torch.equal(out.view(torch.int16), snapshot.view(torch.int16))  # padding rows untouched
 
 
-def _gather_out_of_range_index_counted():
+def _gather_out_of_range_index_counted(dev="cpu"):
     y = torch.randn(5, 128).to(torch.bfloat16)
     w = torch.rand(3, 2)
     oidx = torch.tensor([[0, 4], [5, -1], [2**30, 3]], dtype=torch.int32)  # 5 and 2^30: past y's rows
-    counters = torch.zeros(2, dtype=torch.int32)
-    got = K.ep_gather(y, w, oidx, counters=counters)
+    counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    got = K.ep_gather(y.to(dev), w.to(dev), oidx.to(dev), counters=counters).cpu()
     want = torch.zeros(3, 128)
     for t_, (i0, i1) in enumerate(oidx.tolist()):
         for kk, i in enumerate((i0, i1)):
@@ -372,3 +372,12 @@ def test_scatter_gather_route_every_valid_id_exactly_once(t, topk, e, off, align
     for i, k in local.nonzero().tolist():
         want[i] += w[i, k] * x[i].float()
     assert_bits_equal(y, want.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", [_masked_m_out_of_range_counted, _int64_ids_never_wrap,
+                                   _spent_cursor_overflows_counted, _gather_out_of_range_index_counted],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_device_side_bounds_on_the_gpu(check):
+    """The values only the device sees (ids, indices, masked_m) on the GPU kernels themselves."""
+    check("cuda")
