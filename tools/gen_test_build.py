@@ -47,8 +47,10 @@ def render() -> str:
         if rel.parts[0] == "tools":
             attrs["data"] = '["//deps:lock_inputs"]'
             attrs["deps"] = '["//tools:locktool"]'
-        if markers:
-            attrs["markers"] = "[" + ", ".join(f'"{m}"' for m in markers) + "]"
+        if len(markers) == 1:
+            attrs["markers"] = f'["{markers[0]}"]'
+        elif markers:  # buildifier's form for a list of several: one element per line
+            attrs["markers"] = "[\n" + "".join(f'        "{m}",\n' for m in markers) + "    ]"
         if rel.parts[0] == "smoke":
             attrs["deps"] = '["//smoke:model"]'
         elif "from bench" in path.read_text(encoding="utf-8"):
