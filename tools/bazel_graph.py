@@ -431,6 +431,47 @@ def check(root: pathlib.Path) -> list[str]:
     for fn, kw in g.module_calls:
         if fn == "module" and kw.get("version") != ver:
             problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")
+    problems += check_module_layer(root)
+    return problems
+
+
+FACTS = pathlib.Path(__file__).with_name("bazel_facts.json")
+
+
+def _v(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def check_module_layer(root: pathlib.Path, facts_path: pathlib.Path = FACTS) -> list[str]:
+    """MODULE.bazel's bazel_deps and .bazelversion against the recorded facts of the pinned modules:
+    every dependency a pinned module declares must not be newer than our own pin of it (else Bazel's
+    minimal version selection silently upgrades ours), and every MODULE.bazel function a pinned
+    module calls must exist in the Bazel of .bazelversion (else module resolution fails)."""
+    import json
+
+    facts = json.loads(facts_path.read_text())
+    src = (root / "MODULE.bazel").read_text(encoding="utf-8")
+    ours = dict(re.findall(r'bazel_dep\(\s*name\s*=\s*"([^"]+)",\s*version\s*=\s*"([^"]+)"', src))
+    bazel = (root / ".bazelversion").read_text().strip()
+    problems = []
+    for name, version in sorted(ours.items()):
+        known = facts["modules"].get(name, {}).get(version)
+        if name in facts["modules"] and known is None:
+            problems.append(f"MODULE.bazel: {name} {version} has no recorded facts in {facts_path.name} "
+                            f"(recorded: {sorted(facts['modules'][name])}); read its MODULE.bazel at that tag first")
+            continue
+        if known is None:
+            continue
+        for dep, need in sorted(known["bazel_deps"].items()):
+            if dep in ours and _v(ours[dep]) < _v(need):
+                problems.append(f"MODULE.bazel: bazel_dep {dep} {ours[dep]} is older than {name} {version} requires "
+                                f"({need}; {known['source']}): resolution would silently upgrade it")
+        for fn in known["module_functions"]:
+            mins = facts["module_functions"][fn]["min_bazel"]
+            want = mins.get(str(_v(bazel)[0]))
+            if want is None or _v(bazel) < _v(want):
+                problems.append(f".bazelversion {bazel}: {name} {version} calls {fn}() in its MODULE.bazel, which "
+                                f"Bazel accepts from {mins} ({facts['module_functions'][fn]['source']})")
     return problems
 
 

@@ -150,3 +150,26 @@ def test_cu_file_outside_the_extension_fails(copy):
 def test_extension_and_wheel_drift_fails(copy, path, old, new, needle):
     _edit(copy / path, old, new)
     _fails(copy, needle)
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        (".bazelversion", "8.5.0", "8.4.2", ".bazelversion 8.4.2: rules_python 2.3.2 calls flag_alias()"),
+        (".bazelversion", "8.5.0", "7.6.1", ".bazelversion 7.6.1: rules_python 2.3.2 calls flag_alias()"),
+        ("MODULE.bazel", 'name = "bazel_skylib", version = "1.8.2"', 'name = "bazel_skylib", version = "1.8.1"',
+         "bazel_dep bazel_skylib 1.8.1 is older than rules_python 2.3.2 requires (1.8.2"),
+        ("MODULE.bazel", 'name = "rules_cc", version = "0.2.17"', 'name = "rules_cc", version = "0.1.1"',
+         "bazel_dep rules_cc 0.1.1 is older than rules_cuda 0.3.0 requires (0.2.14"),
+        ("MODULE.bazel", 'name = "rules_python", version = "2.3.2"', 'name = "rules_python", version = "2.3.1"',
+         "rules_python 2.3.1 has no recorded facts"),
+    ],
+    ids=["bazel-8.4.2-lacks-flag_alias", "bazel-7", "skylib-below-rules_python", "rules_cc-below-rules_cuda",
+         "unrecorded-rules_python"],
+)
+def test_module_layer_against_the_recorded_facts(copy, path, old, new, needle):
+    """Defect class 1 of issue #23: a module set that real Bazel cannot resolve, or resolves by silently
+    upgrading our pins. The facts (tools/bazel_facts.json) were read at the pinned tags."""
+    assert bazel_graph.check_module_layer(copy) == []
+    _edit(copy / path, old, new)
+    _fails(copy, needle)
