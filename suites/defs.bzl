@@ -15,6 +15,7 @@ TEST_PYPI = [
     "hypothesis",
     "numpy",
     "pytest",
+    "safetensors",
     "torch",
     "triton",
 ]

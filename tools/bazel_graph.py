@@ -9,7 +9,9 @@ native rules), so a misspelled attribute fails here instead of on a user's machi
 Checks: every tests/**/test_*.py is the src of exactly one test target whose tags are
 derived from the file's pytest markers; every toolchain of deps/toolchains.toml (and the
 lock tool's set) has a pip hub, an `.update` and a non-manual `.test`; every label a
-test_suite names exists; .bazelrc's CUDA archs and toolchain flags equal toolchains.toml's.
+test_suite names exists; .bazelrc's CUDA archs and toolchain flags equal toolchains.toml's;
+MODULE.bazel and .bazelversion agree with what the pinned modules need (bazel_facts.json);
+every import of every Python target is provided by its deps (tools/bazel_imports.py).
 """
 
 from __future__ import annotations
@@ -432,6 +434,9 @@ def check(root: pathlib.Path) -> list[str]:
         if fn == "module" and kw.get("version") != ver:
             problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")
     problems += check_module_layer(root)
+    from tools import bazel_imports
+
+    problems += bazel_imports.check(root, g)
     return problems
 
 

@@ -25,6 +25,33 @@ def file_markers(path: pathlib.Path) -> list[str]:
     return sorted(markers)
 
 
+# First-party modules a test may import beyond //rtp_fp8 (every test has it), and the target that
+# provides each: a test's deps are derived from its imports (tools/bazel_imports.py checks them).
+OWNERS = {
+    "tools.locktool": "//tools:locktool", "tools.toolchains": "//tools:locktool",
+    "tools.wheel": "//tools:wheel_lib", "tools.dev": "//tools:dev_lib", "tools.build_ext": "//tools:build_ext_lib",
+    "tools.build_deepgemm": "//tools:build_deepgemm_lib", "tools.bazel_graph": "//tools:bazel_check",
+    "tools.bazel_imports": "//tools:bazel_check", "tools.gen_test_build": "//tools:bazel_check",
+    "smoke": "//smoke:model", "bench": "//bench",
+}
+
+
+def file_deps(path: pathlib.Path) -> list[str]:
+    import ast
+
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for mod in names:
+            top = mod.split(".")[0]
+            owner = OWNERS.get(mod) or (OWNERS[top] if top in ("smoke", "bench") else None)
+            if owner:
+                deps.add(owner)
+    return sorted(deps)
+
+
 def target_name(rel: pathlib.PurePosixPath) -> str:
     return "_".join(rel.with_suffix("").parts)
 
@@ -46,15 +73,15 @@ def render() -> str:
         attrs = {}  # attribute -> rendered value, in buildifier's order (name, src, sorted, deps last)
         if rel.parts[0] == "tools":
             attrs["data"] = '["//deps:lock_inputs"]'
-            attrs["deps"] = '["//tools:locktool"]'
         if len(markers) == 1:
             attrs["markers"] = f'["{markers[0]}"]'
         elif markers:  # buildifier's form for a list of several: one element per line
             attrs["markers"] = "[\n" + "".join(f'        "{m}",\n' for m in markers) + "    ]"
-        if rel.parts[0] == "smoke":
-            attrs["deps"] = '["//smoke:model"]'
-        elif "from bench" in path.read_text(encoding="utf-8"):
-            attrs["deps"] = '["//bench"]'
+        deps = file_deps(path)
+        if len(deps) == 1:
+            attrs["deps"] = f'["{deps[0]}"]'
+        elif deps:
+            attrs["deps"] = "[\n" + "".join(f'        "{d}",\n' for d in deps) + "    ]"
         lines = ["rtp_py_test(", f'    name = "{name}",', f'    src = "{rel}",']
         lines += [f"    {k} = {v}," for k, v in sorted(attrs.items(), key=lambda kv: (kv[0] == "deps", kv[0]))]
         lines.append(")")

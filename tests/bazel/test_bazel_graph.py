@@ -173,3 +173,27 @@ def test_module_layer_against_the_recorded_facts(copy, path, old, new, needle):
     assert bazel_graph.check_module_layer(copy) == []
     _edit(copy / path, old, new)
     _fails(copy, needle)
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        ("rtp_fp8/loader/BUILD.bazel", '] + pypi(["safetensors"]),', "],",
+         "rtp_fp8/loader/online_fp8.py:52 imports safetensors but its deps name no pip package safetensors"),
+        ("tests/BUILD.bazel", '    deps = ["//tools:build_ext_lib"],\n', "",
+         "//tests:csrc_test_cuda_quant: tests/csrc/test_cuda_quant.py:15 imports tools.build_ext"),
+        ("tools/BUILD.bazel", '] + pypi(["starlark-pyo3"]),', "],",
+         "imports starlark but its deps name no pip package starlark_pyo3"),
+        ("rtp_fp8/moe/BUILD.bazel", '        "//rtp_fp8/gemm/triton",\n', "",
+         "//rtp_fp8/moe:moe: rtp_fp8/moe/executors.py:42 imports rtp_fp8.gemm.triton"),
+        ("tools/BUILD.bazel", '        "bazel_imports.py",\n', "",
+         "tools/bazel_imports.py: in no py_library/py_binary/py_test"),
+    ],
+    ids=["safetensors-undeclared", "tools.build_ext-undeclared", "starlark-undeclared", "first-party-dep-missing",
+         "file-in-no-target"],
+)
+def test_imports_are_provided_by_deps(copy, path, old, new, needle):
+    """Defect class 3 of issue #23: an import no dep provides passes a stub evaluation but fails in
+    `bazel test` (ModuleNotFoundError in the runfiles)."""
+    _edit(copy / path, old, new)
+    _fails(copy, needle)
