@@ -127,7 +127,7 @@ def imports(path: pathlib.Path) -> list[tuple[str, int]]:
     return _imports(str(path), path.read_text(encoding="utf-8"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imports(name: str, text: str) -> list[tuple[str, int]]:
     tree = ast.parse(text, name)
     parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
