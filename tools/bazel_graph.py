@@ -79,6 +79,9 @@ MODULE_FUNCS = {
     "bazel_dep": {"name", "version", "max_compatibility_level", "repo_name", "dev_dependency"},
 }
 EXT_TAGS = {
+    # rules_python 2.3.2 python/extensions/config.bzl: tag classes add_transition_setting, explicit_init_py
+    ("config", "explicit_init_py"): {"default"},
+    ("config", "add_transition_setting"): {"setting"},
     ("python", "toolchain"): {"python_version", "is_default", "configure_coverage_tool", "ignore_root_user_error"},
     ("pip", "parse"): {
         "hub_name", "python_version", "requirements_lock", "requirements_linux", "requirements_darwin",
@@ -96,6 +99,7 @@ EXT_TAGS = {
     ("toolchain", "toolkit"): {"name", "toolkit_path", "version", "nvcc_version", "components_mapping"},
 }
 EXTENSIONS = {
+    "@rules_python//python/extensions:config.bzl": "config",
     "@rules_python//python/extensions:python.bzl": "python",
     "@rules_python//python/extensions:pip.bzl": "pip",
     "@rules_cuda//cuda:extensions.bzl": "toolchain",
@@ -281,6 +285,7 @@ class Evaluator:
             "                  parse = lambda **kw: _tag(e, 'parse', kw),\n"
             "                  whl_mods = lambda **kw: _tag(e, 'whl_mods', kw),\n"
             "                  toolkit = lambda **kw: _tag(e, 'toolkit', kw),\n"
+            "                  explicit_init_py = lambda **kw: _tag(e, 'explicit_init_py', kw),\n"
             "                  default = lambda **kw: _tag(e, 'default', kw))\n"
         )
         src = path.read_text(encoding="utf-8")
@@ -434,6 +439,7 @@ def check(root: pathlib.Path) -> list[str]:
         if fn == "module" and kw.get("version") != ver:
             problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")
     problems += check_module_layer(root)
+    problems += check_init_py(root, g)
     from tools import bazel_imports
 
     problems += bazel_imports.check(root, g)
@@ -477,6 +483,31 @@ def check_module_layer(root: pathlib.Path, facts_path: pathlib.Path = FACTS) -> 
             if want is None or _v(bazel) < _v(want):
                 problems.append(f".bazelversion {bazel}: {name} {version} calls {fn}() in its MODULE.bazel, which "
                                 f"Bazel accepts from {mins} ({facts['module_functions'][fn]['source']})")
+    return problems
+
+
+def check_init_py(root: pathlib.Path, g: Graph) -> list[str]:
+    """rules_python 2.3.2 still generates missing __init__.py files in runfiles by default (py_test's
+    legacy_create_init=-1 means auto: true unless the module's config.explicit_init_py(default=True) or
+    --incompatible_default_to_explicit_init_py; python/private/py_executable.bzl). A generated
+    tests/__init__.py makes `tests` a package, and `from helpers import ...` (tests/helpers.py as a
+    top-level module) fails. So: a test importing `helpers` needs explicit __init__.py in force."""
+    explicit = any(ext == "config" and tag == "explicit_init_py" and kw.get("default") is True
+                   for ext, tag, kw in g.ext_tags)
+    if explicit:
+        return []
+    from tools import bazel_imports
+
+    problems = []
+    for t in g.targets.values():
+        if t.kind != "py_test" or t.attrs.get("legacy_create_init") == 0:
+            continue
+        for f in sorted(bazel_imports._files(t)):
+            if (root / f).is_file() and any(m == "helpers" for m, _ in bazel_imports.imports(root / f)):
+                problems.append(f"{t.label}: {f} imports helpers as a top-level module, but rules_python generates "
+                                "tests/__init__.py in its runfiles (no config.explicit_init_py(default = True) in "
+                                "MODULE.bazel, no legacy_create_init = 0)")
+                break
     return problems
 
 

@@ -197,3 +197,15 @@ def test_imports_are_provided_by_deps(copy, path, old, new, needle):
     `bazel test` (ModuleNotFoundError in the runfiles)."""
     _edit(copy / path, old, new)
     _fails(copy, needle)
+
+
+def test_generated_init_py_would_break_helpers_imports(copy):
+    """Defect class 2 of issue #23: without explicit __init__.py in force, rules_python 2.3.2 generates
+    tests/__init__.py in the runfiles and `from helpers import ...` fails under bazel test."""
+    assert bazel_graph.check(copy) == []
+    _edit(copy / "MODULE.bazel", "rules_python_config.explicit_init_py(default = True)\n", "")
+    _fails(copy, "//tests:gemm_test_linear: tests/gemm/test_linear.py imports helpers as a top-level module")
+    _edit(copy / "MODULE.bazel", 'use_extension("@rules_python//python/extensions:config.bzl", "config")',
+          'use_extension("@rules_python//python/extensions:config.bzl", "config")\n'
+          "rules_python_config.explicit_init_py(default = False)")
+    _fails(copy, "imports helpers as a top-level module")
