@@ -387,6 +387,8 @@ def check(root: pathlib.Path) -> list[str]:
             if full not in g.targets:
                 problems.append(f"{t.label}: names {lab}, which does not exist")
 
+    problems += check_suites(g)
+
     # 4. .bazelrc archs and toolchain flags
     rc = (root / ".bazelrc").read_text(encoding="utf-8")
     for name, tc in cfg.toolchains.items():
@@ -483,6 +485,63 @@ def check_module_layer(root: pathlib.Path, facts_path: pathlib.Path = FACTS) -> 
             if want is None or _v(bazel) < _v(want):
                 problems.append(f".bazelversion {bazel}: {name} {version} calls {fn}() in its MODULE.bazel, which "
                                 f"Bazel accepts from {mins} ({facts['module_functions'][fn]['source']})")
+    return problems
+
+
+def _is_test(t: Target) -> bool:
+    return t.kind.endswith("_test")
+
+
+def expand_suite(g: Graph, label: str, _seen=None) -> set[str]:
+    """The tests `bazel test <suite>` runs, by Bazel's test_suite rules (be/general.html#test_suite):
+    `tags` filter (all positive, no negative) the tests named directly in `tests` only; a nested
+    test_suite is expanded by its own rules and merged unfiltered; with no `tests`, every test of
+    the suite's package that is not `manual` and passes the filter."""
+    _seen = set() if _seen is None else _seen
+    if label in _seen:
+        return set()
+    _seen.add(label)
+    t = g.targets[label]
+    tags = list(t.attrs.get("tags", []))
+    pos, neg = [x for x in tags if not x.startswith("-")], [x[1:] for x in tags if x.startswith("-")]
+
+    def passes(x: Target) -> bool:
+        have = x.attrs.get("tags", [])
+        return all(p in have for p in pos) and not any(n in have for n in neg)
+
+    names = t.attrs.get("tests") or []
+    if not names:
+        return {x.label for x in g.targets.values() if x.package == t.package and _is_test(x)
+                and "manual" not in x.attrs.get("tags", []) and passes(x)}
+    out: set[str] = set()
+    for lab in names:
+        full = _resolve(lab, t.package)
+        x = g.targets.get(full)
+        if x is None:
+            continue
+        if x.kind == "test_suite":
+            out |= expand_suite(g, full, _seen)
+        elif passes(x):
+            out.add(full)
+    return out
+
+
+def check_suites(g: Graph) -> list[str]:
+    """//suites:<arch> must select exactly the tests `./dev gpu-test` runs on that arch (pytest's
+    gpu marker with that arch marker, or none: test files whose tags carry gpu_<arch>)."""
+    problems = []
+    for arch in ("sm90", "sm100", "sm120"):
+        label = f"//suites:{arch}"
+        if label not in g.targets:
+            problems.append(f"{label} missing")
+            continue
+        want = {t.label for t in g.targets.values() if t.package == "tests" and _is_test(t)
+                and f"gpu_{arch}" in t.attrs.get("tags", [])}
+        got = {x for x in expand_suite(g, label) if x.startswith("//tests:")}
+        if got != want:
+            extra, missing = sorted(got - want), sorted(want - got)
+            problems.append(f"{label} selects {len(got)} tests, the pytest markers {len(want)}: extra {extra[:3]}"
+                            f"{'...' if len(extra) > 3 else ''}, missing {missing[:3]}")
     return problems
 
 

@@ -89,6 +89,12 @@ def render() -> str:
     out += ["test_suite(", '    name = "all_tests",', "    tests = ["]
     out += [f'        ":{n}",' for n in names]
     out += ["    ],", '    visibility = ["//visibility:public"],', ")", ""]
+    # Per-arch GPU suites: no `tests`, so Bazel takes this package's non-manual tests carrying the
+    # tag. (A tag filter on a suite that names //tests:all_tests would not apply: a nested suite is
+    # merged unfiltered.) //suites:<arch> names these.
+    for arch in ("sm90", "sm100", "sm120"):
+        out += ["test_suite(", f'    name = "gpu_{arch}",', f'    tags = ["gpu_{arch}"],',
+                '    visibility = ["//visibility:public"],', ")", ""]
     return "\n".join(out)
 
 

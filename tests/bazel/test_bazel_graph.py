@@ -209,3 +209,20 @@ def test_generated_init_py_would_break_helpers_imports(copy):
           'use_extension("@rules_python//python/extensions:config.bzl", "config")\n'
           "rules_python_config.explicit_init_py(default = False)")
     _fails(copy, "imports helpers as a top-level module")
+
+
+def test_arch_suites_select_what_pytest_selects(copy):
+    """Defect class 6 of issue #23: a test_suite's tag filter does not reach a nested suite, so a
+    suite `tags = ["gpu_sm90"], tests = ["//tests:all_tests"]` runs every test. The checker expands
+    suites with Bazel's rules and compares with the pytest marker selection."""
+    g = bazel_graph.evaluate(copy)
+    sm90 = bazel_graph.expand_suite(g, "//suites:sm90")
+    assert "//tests:gemm_test_sm90_ws" in sm90 and "//tests:tools_test_lock_tool" not in sm90
+    assert "//tests:gemm_test_sm90_ws" not in bazel_graph.expand_suite(g, "//suites:sm100")
+    _edit(copy / "suites/BUILD.bazel", '''[test_suite(
+    name = arch,
+    tests = ["//tests:gpu_" + arch],''', '''[test_suite(
+    name = arch,
+    tags = ["gpu_" + arch],
+    tests = ["//tests:all_tests"],''')
+    _fails(copy, "//suites:sm90 selects")
