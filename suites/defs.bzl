@@ -2,7 +2,8 @@
 
 Tags mirror the file's pytest markers one to one (tests/bazel/test_bazel_graph.py checks
 it). A test marked `gpu` without an arch marker can run on every arch, so it carries all
-three arch tags; GPU tests also get `exclusive-if-local`, `resources:gpu:1` and, for
+three arch tags; GPU tests also get `resources:gpu:1` (not `exclusive-if-local`, which would
+also serialise remote runs: Bazel issue 17834) and, for
 remote execution, a test-only pool (`test.` prefix: compiling stays off the GPU pool).
 """
 
@@ -41,7 +42,9 @@ def gpu_tags(markers):
         if not archs:
             archs = ["gpu_" + a for a in ARCHS]
         tags = sorted({t: 1 for t in (["gpu"] + archs + [m for m in markers if not m.startswith("gpu")])}.keys())
-        tags = tags + ["exclusive-if-local", "resources:gpu:1"]
+        tags = tags + ["resources:gpu:1"]
+    if "requires-network" in tags:
+        tags = sorted(tags + ["manual"])  # not in //... (= ./dev test, offline); run it by name
     return tags
 
 def rtp_py_test(name, src, markers = [], deps = [], data = [], size = "medium", **kwargs):

@@ -172,6 +172,10 @@ class Evaluator:
         return rule
 
     def _glob(self, include, exclude=(), allow_empty=True, **_):
+        for pat in include:
+            if re.search(r"\.(so|o|a|pyc)$|_build_info\.json$", pat):
+                self.graph.problems.append(f"//{self.pkg}: glob({pat!r}) matches build outputs: a CLI build lying "
+                                           "in the source tree (untracked) would leak into the graph and the wheel")
         base = self.root / self.pkg
         out = set()
         for path in base.rglob("*"):
@@ -315,11 +319,12 @@ def expected_tags(markers: list[str]) -> list[str]:
     """The rule of suites/defs.bzl gpu_tags(), restated independently."""
     ms = {"requires-network" if m == "requires_network" else m for m in markers}
     archs = {m for m in ms if m.startswith("gpu_sm")}
-    if not ("gpu" in ms or archs):
-        return sorted(ms)
-    archs = archs or {"gpu_sm90", "gpu_sm100", "gpu_sm120"}
-    return sorted({"gpu"} | archs | {m for m in ms if not m.startswith("gpu")}) + ["exclusive-if-local",
-                                                                                   "resources:gpu:1"]
+    tags = sorted(ms)
+    if "gpu" in ms or archs:
+        archs = archs or {"gpu_sm90", "gpu_sm100", "gpu_sm120"}
+        tags = sorted({"gpu"} | archs | {m for m in ms if not m.startswith("gpu")}) + ["resources:gpu:1"]
+    # a network test is manual: //... must equal ./dev test, which runs offline
+    return sorted(tags + ["manual"]) if "requires-network" in tags else tags
 
 
 def _resolve(label: str, pkg: str) -> str:
@@ -442,6 +447,7 @@ def check(root: pathlib.Path) -> list[str]:
             problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")
     problems += check_module_layer(root)
     problems += check_init_py(root, g)
+    problems += check_rule_hygiene(root, g)
     from tools import bazel_imports
 
     problems += bazel_imports.check(root, g)
@@ -542,6 +548,38 @@ def check_suites(g: Graph) -> list[str]:
             extra, missing = sorted(got - want), sorted(want - got)
             problems.append(f"{label} selects {len(got)} tests, the pytest markers {len(want)}: extra {extra[:3]}"
                             f"{'...' if len(extra) > 3 else ''}, missing {missing[:3]}")
+    return problems
+
+
+def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
+    """Issue #23 defect classes 4, 7 and 10, each against what the real rules do:
+    - a cuda_library whose sources register ops with TORCH_LIBRARY (static initialisers nothing
+      references) must be alwayslink, or the shared object linked from it loads with no ops;
+    - no -O flag in cuda_library copts (rules_cuda sets it per compilation mode);
+    - a requires-network test is manual (so //... stays offline, = ./dev test) and inherits
+      PIP_FIND_LINKS (the lock tool's stand-in for an unreachable index);
+    - no exclusive-if-local (it also serialises remote runs, Bazel issue 17834; resources:gpu:1
+      does the local job)."""
+    problems = list(g.problems)
+    for t in g.targets.values():
+        if t.kind == "cuda_library":
+            srcs = [root / t.package / s for s in t.attrs.get("srcs", []) if isinstance(s, str)]
+            if any(p.is_file() and "TORCH_LIBRARY" in p.read_text(errors="replace") for p in srcs) \
+                    and t.attrs.get("alwayslink") is not True:
+                problems.append(f"{t.label}: registers ops with TORCH_LIBRARY but is not alwayslink = True: the "
+                                "linker drops the static initialisers and the .so has no ops")
+            opt = [c for c in t.attrs.get("copts", []) if isinstance(c, str) and re.match(r"-O\d?$", c)]
+            if opt:
+                problems.append(f"{t.label}: copts {opt} fight rules_cuda's per-mode optimisation flags")
+        tags = t.attrs.get("tags", []) if isinstance(t.attrs.get("tags"), list) else []
+        if "exclusive-if-local" in tags:
+            problems.append(f"{t.label}: exclusive-if-local also serialises remote runs (Bazel issue 17834)")
+        if _is_test(t) and "requires-network" in tags:
+            if "manual" not in tags:
+                problems.append(f"{t.label}: requires-network but not manual: `bazel test //...` would need the "
+                                "network (./dev test runs offline)")
+            if t.package == "deps" and "PIP_FIND_LINKS" not in (t.attrs.get("env_inherit") or []):
+                problems.append(f"{t.label}: does not inherit PIP_FIND_LINKS")
     return problems
 
 

@@ -71,9 +71,14 @@ def _env(cpu: bool) -> dict[str, str]:
 
 
 def cmd_test(args: list[str]) -> int:
+    """Offline by default (what `bazel test //... --config=cpu` runs: network tests are manual
+    there); `./dev test -m requires_network` runs the network tests (CI does, as its own stage)."""
     py = ensure_venv()
     jobs = ["-n", "2"] if (os.cpu_count() or 1) >= 2 and "-n" not in args else []
-    return subprocess.run([str(py), "-m", "pytest", *jobs, *args], cwd=ROOT, env=_env(cpu=True)).returncode
+    select = [] if any(a == "-m" or a.startswith("-m") and len(a) > 2 for a in args) else ["-m",
+                                                                                           "not requires_network"]
+    return subprocess.run([str(py), "-m", "pytest", *jobs, *select, *args], cwd=ROOT,
+                          env=_env(cpu=True)).returncode
 
 
 def cmd_smoke(args: list[str]) -> int:

@@ -39,10 +39,11 @@ def test_every_toolchain_has_hub_update_and_unmanual_test():
 def test_gpu_test_tags():
     g = bazel_graph.evaluate(ROOT)
     t = g.targets["//tests:quant_test_token_group"]
-    assert t.attrs["tags"] == ["gpu", "gpu_sm100", "gpu_sm120", "gpu_sm90", "exclusive-if-local", "resources:gpu:1"]
+    assert t.attrs["tags"] == ["gpu", "gpu_sm100", "gpu_sm120", "gpu_sm90", "resources:gpu:1"]
     assert t.attrs["exec_properties"] == {"test.Pool": "gpu"}
-    assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "exclusive-if-local", "resources:gpu:1"]
-    assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == ["requires-network"]  # a pip-installing test
+    assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "resources:gpu:1"]
+    assert bazel_graph.expected_tags(["requires_network"]) == ["manual", "requires-network"]
+    assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == ["manual", "requires-network"]  # pip-installs
 
 
 @pytest.fixture
@@ -226,3 +227,29 @@ def test_arch_suites_select_what_pytest_selects(copy):
     tags = ["gpu_" + arch],
     tests = ["//tests:all_tests"],''')
     _fails(copy, "//suites:sm90 selects")
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        ("csrc/BUILD.bazel", "    alwayslink = True,\n", "",
+         "//csrc:per_token_group_quant_8bit: registers ops with TORCH_LIBRARY but is not alwayslink"),
+        ("csrc/BUILD.bazel", '        "-std=c++20",\n', '        "-std=c++20",\n        "-O3",\n',
+         "copts ['-O3'] fight rules_cuda's per-mode optimisation flags"),
+        ("rtp_fp8/BUILD.bazel", '    data = [":build_info"] + select({',
+         '    data = glob(\n        ["_C*.so"],\n        allow_empty = True,\n    ) + [":build_info"] + select({',
+         "glob('_C*.so') matches build outputs"),
+        ("deps/BUILD.bazel", '        "manual",\n        "no-remote-exec",', '        "no-remote-exec",',
+         "//deps:cpu.online_test: requires-network but not manual"),
+        ("deps/BUILD.bazel", '    env_inherit = ["PIP_FIND_LINKS"],\n', "",
+         "//deps:cpu.online_test: does not inherit PIP_FIND_LINKS"),
+        ("suites/defs.bzl", '        tags = tags + ["resources:gpu:1"]',
+         '        tags = tags + ["exclusive-if-local", "resources:gpu:1"]', "exclusive-if-local also serialises"),
+    ],
+    ids=["no-alwayslink", "O3-in-copts", "glob-of-built-so", "network-test-in-wildcard", "no-find-links",
+         "exclusive-if-local"],
+)
+def test_rule_hygiene(copy, path, old, new, needle):
+    """Defect classes 4, 7, 9 and 10 of issue #23, each reproduced on a copy and caught."""
+    _edit(copy / path, old, new)
+    _fails(copy, needle)
