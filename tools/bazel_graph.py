@@ -580,7 +580,34 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
                                 "network (./dev test runs offline)")
             if t.package == "deps" and "PIP_FIND_LINKS" not in (t.attrs.get("env_inherit") or []):
                 problems.append(f"{t.label}: does not inherit PIP_FIND_LINKS")
+    for t in g.targets.values():
+        if not _is_test(t):
+            continue
+        stamped = sorted(x for x in _closure_all(g, t.label) if g.targets[x].attrs.get("stamp") == 1
+                         and g.targets[x].kind == "genrule")
+        if stamped:
+            problems.append(f"{t.label}: depends on stamped {stamped[0]}: it reruns on every commit and its "
+                            "result is never shared through a remote cache (stamp only what the wheel needs)")
     return problems
+
+
+def _closure_all(g: Graph, label: str, seen=None) -> set[str]:
+    """Targets reachable through deps, data and srcs (every select() branch)."""
+    seen = set() if seen is None else seen
+    if label in seen or label not in g.targets:
+        return seen
+    seen.add(label)
+    t = g.targets[label]
+    for key in ("deps", "data", "srcs"):
+        for item in t.attrs.get(key) or []:
+            labels = [lab for v in item["__select__"].values() for lab in v] if isinstance(item, dict) else [item]
+            for lab in labels:
+                if isinstance(lab, str) and (lab.startswith("//") or lab.startswith(":")):
+                    full = _resolve(lab, t.package)
+                    if ":" not in full:  # //pkg means //pkg:<last component>
+                        full = f"{full}:{full.rsplit('/', 1)[-1]}"
+                    _closure_all(g, full, seen)
+    return seen
 
 
 def check_init_py(root: pathlib.Path, g: Graph) -> list[str]:

@@ -236,8 +236,8 @@ def test_arch_suites_select_what_pytest_selects(copy):
          "//csrc:per_token_group_quant_8bit: registers ops with TORCH_LIBRARY but is not alwayslink"),
         ("csrc/BUILD.bazel", '        "-std=c++20",\n', '        "-std=c++20",\n        "-O3",\n',
          "copts ['-O3'] fight rules_cuda's per-mode optimisation flags"),
-        ("rtp_fp8/BUILD.bazel", '    data = [":build_info"] + select({',
-         '    data = glob(\n        ["_C*.so"],\n        allow_empty = True,\n    ) + [":build_info"] + select({',
+        ("rtp_fp8/BUILD.bazel", "    data = select({",
+         '    data = glob(\n        ["_C*.so"],\n        allow_empty = True,\n    ) + select({',
          "glob('_C*.so') matches build outputs"),
         ("deps/BUILD.bazel", '        "manual",\n        "no-remote-exec",', '        "no-remote-exec",',
          "//deps:cpu.online_test: requires-network but not manual"),
@@ -253,3 +253,12 @@ def test_rule_hygiene(copy, path, old, new, needle):
     """Defect classes 4, 7, 9 and 10 of issue #23, each reproduced on a copy and caught."""
     _edit(copy / path, old, new)
     _fails(copy, needle)
+
+
+def test_no_test_depends_on_a_stamped_action(copy):
+    """Defect class 8 of issue #23: the stamped build info as data of //rtp_fp8 made every test
+    depend on the workspace status (rerun on every commit, no remote cache hits)."""
+    g = bazel_graph.evaluate(copy)
+    assert "//rtp_fp8:build_info" in bazel_graph._closure_all(g, "//:wheel")
+    _edit(copy / "rtp_fp8/BUILD.bazel", "    data = select({", '    data = [":build_info"] + select({')
+    _fails(copy, "depends on stamped //rtp_fp8:build_info")
