@@ -17,7 +17,7 @@ CUDA_TOOLCHAINS = ["cuda12_8", "cuda13_0"]
 def torch_cc():
     """torch's headers and libraries (a cc_library) from the selected CUDA toolchain's hub.
 
-    The cpu toolchain has none: targets using this are CUDA-only (requires_cuda()).
+    The cpu toolchain has none: targets using this are CUDA-only (cuda_only()).
     """
     return select(dict(
         {"//deps:is_%s" % tc: ["@pypi_%s//torch:torch_cc" % tc] for tc in CUDA_TOOLCHAINS},
@@ -27,3 +27,16 @@ def torch_cc():
 def per_toolchain(fmt):
     """select() of fmt % toolchain name, one branch per toolchain."""
     return select({"//deps:is_%s" % tc: fmt % tc for tc in TOOLCHAINS})
+
+def cuda_only():
+    """target_compatible_with of CUDA-only targets (the cuda12_8 / cuda13_0 configs).
+
+    Compatible where --@rules_cuda//cuda:enable is true, incompatible (skipped by //...)
+    elsewhere. Unlike rules_cuda's requires_cuda() (v0.3.0 cuda/private/defs.bzl), which also makes a target
+    incompatible when no valid toolkit is found, a cuda config on a machine without the toolkit
+    then fails the build instead of skipping every test that needs the extension (reads as green).
+    """
+    return select({
+        "@rules_cuda//cuda:is_enabled": [],
+        "//conditions:default": ["@platforms//:incompatible"],
+    })

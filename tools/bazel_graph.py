@@ -113,7 +113,8 @@ STUB_BZL = {
 }
 # Non-rule functions of stubbed .bzl files: name -> what the stub returns.
 STUB_FUNCS = {
-    "@rules_cuda//cuda:defs.bzl": {"requires_cuda": lambda: ["@rules_cuda//cuda:is_enabled"]},
+    "@rules_cuda//cuda:defs.bzl": {"requires_cuda": lambda: ["@rules_cuda//cuda:is_enabled"]},  # (refused: see
+    # check_rule_hygiene)
 }
 NATIVE = ["config_setting", "filegroup", "test_suite", "alias", "genrule"]
 
@@ -580,6 +581,22 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
                                 "network (./dev test runs offline)")
             if t.package == "deps" and "PIP_FIND_LINKS" not in (t.attrs.get("env_inherit") or []):
                 problems.append(f"{t.label}: does not inherit PIP_FIND_LINKS")
+    rc = (root / ".bazelrc").read_text(encoding="utf-8")
+    if not re.search(r"^common --@rules_cuda//cuda:enable=false$", rc, re.M):
+        problems.append(".bazelrc: no `common --@rules_cuda//cuda:enable=false`: with no --config, rules_cuda "
+                        "compiles the .cu wherever it detects a toolkit (without torch's headers)")
+    for name, tc in tcmod.load(root).toolchains.items():
+        if tc.cuda:
+            for line in (f"common:{name} --@rules_cuda//cuda:enable=true", f"common:{name} --repo_env=CUDA_PATH"):
+                if not re.search(rf"^{re.escape(line)}$", rc, re.M):
+                    problems.append(f".bazelrc: config {name} lacks `{line}`")
+    for path in sorted(root.rglob("BUILD.bazel")):
+        if ".venv" not in path.parts and "requires_cuda()" in path.read_text(encoding="utf-8"):
+            problems.append(f"{path.relative_to(root)}: requires_cuda() also skips a target when no toolkit is "
+                            "found, so a cuda config on a machine without one reads green: use cuda_only()")
+    tv = g.targets.get("//csrc:toolkit_version")
+    if tv is None or not _is_test(tv):
+        problems.append("//csrc:toolkit_version missing: nothing checks that the toolkit is the config's CUDA")
     for t in g.targets.values():
         if not _is_test(t):
             continue

@@ -176,12 +176,41 @@ def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage
     return [out]
 
 
+def toolkit_nvcc() -> str:
+    """The nvcc of the toolkit rules_cuda v0.3.0 would take: $CUDA_PATH/bin, else PATH."""
+    if os.environ.get("CUDA_PATH"):
+        return os.path.join(os.environ["CUDA_PATH"], "bin", "nvcc")
+    return nvcc()
+
+
+def check_toolkit(toolchain: str) -> int:
+    tcs = tcmod.load(ROOT).toolchains
+    if toolchain not in tcs or not tcs[toolchain].cuda:
+        print(f"build_ext: --check-toolkit {toolchain!r} is not a CUDA toolchain of deps/toolchains.toml "
+              f"({sorted(n for n, t in tcs.items() if t.cuda)})", file=sys.stderr)
+        return 2
+    exe = toolkit_nvcc()
+    got = nvcc_version(exe) if os.path.exists(exe) or shutil.which(exe) else ""
+    want = tcs[toolchain].cuda
+    if got != want:
+        print(f"build_ext: toolchain {toolchain} needs CUDA {want}, but the toolkit found ({exe}) is "
+              f"{got or 'missing'}: set CUDA_PATH to a CUDA {want} toolkit", file=sys.stderr)
+        return 1
+    print(f"build_ext: {exe} is CUDA {got}, as toolchain {toolchain} needs")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-only", type=pathlib.Path, help="write objects to this folder; no link")
     ap.add_argument("--archs", help="comma-separated, e.g. sm_90a,sm_100a,sm_120a")
     ap.add_argument("--jobs", type=int, default=0)
+    ap.add_argument("--check-toolkit", metavar="TOOLCHAIN",
+                    help="only check that the toolkit found (CUDA_PATH/bin/nvcc, else nvcc on PATH: what rules_cuda "
+                         "takes) is TOOLCHAIN's CUDA version in deps/toolchains.toml")
     a = ap.parse_args(argv)
+    if a.check_toolkit:
+        return check_toolkit(a.check_toolkit)
     archs = a.archs.split(",") if a.archs else default_archs(nvcc_version(nvcc()))
     for arch in archs:
         if not re.fullmatch(r"sm_\d+a?", arch):

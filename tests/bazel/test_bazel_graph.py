@@ -262,3 +262,40 @@ def test_no_test_depends_on_a_stamped_action(copy):
     assert "//rtp_fp8:build_info" in bazel_graph._closure_all(g, "//:wheel")
     _edit(copy / "rtp_fp8/BUILD.bazel", "    data = select({", '    data = [":build_info"] + select({')
     _fails(copy, "depends on stamped //rtp_fp8:build_info")
+
+
+@pytest.mark.parametrize(
+    "path,old,new,needle",
+    [
+        (".bazelrc", "common --@rules_cuda//cuda:enable=false\ncommon:cpu", "common:cpu",
+         "no `common --@rules_cuda//cuda:enable=false`"),
+        (".bazelrc", "common:cuda12_8 --repo_env=CUDA_PATH\n", "", "config cuda12_8 lacks `common:cuda12_8 --repo_env"),
+        (".bazelrc", "common:cuda13_0 --@rules_cuda//cuda:enable=true\n", "",
+         "config cuda13_0 lacks `common:cuda13_0 --@rules_cuda//cuda:enable=true`"),
+        ("csrc/BUILD.bazel", "    target_compatible_with = cuda_only(),\n    deps = torch_cc(),",
+         "    target_compatible_with = requires_cuda(),\n    deps = torch_cc(),", "requires_cuda() also skips"),
+    ],
+    ids=["cuda-on-by-default", "toolkit-not-from-CUDA_PATH", "cuda-config-without-cuda", "silent-skip"],
+)
+def test_cuda_configuration(copy, path, old, new, needle):
+    """Defect class 5 of issue #23: no config must not build CUDA; a cuda config builds with the
+    toolkit it names and fails loudly without one."""
+    _edit(copy / path, old, new)
+    if "requires_cuda" in new:
+        _edit(copy / path, 'load("@rules_cuda//cuda:defs.bzl", "cuda_library")',
+              'load("@rules_cuda//cuda:defs.bzl", "cuda_library", "requires_cuda")')
+    _fails(copy, needle)
+
+
+def test_toolkit_version_check(tmp_path, monkeypatch, capsys):
+    from tools import build_ext
+
+    (tmp_path / "bin").mkdir()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path))
+    assert build_ext.main(["--check-toolkit", "cuda12_8"]) == 0
+    assert build_ext.main(["--check-toolkit", "cuda13_0"]) == 1
+    assert "toolchain cuda13_0 needs CUDA 13.0, but the toolkit found" in capsys.readouterr().err
+    assert build_ext.main(["--check-toolkit", "cpu"]) == 2
