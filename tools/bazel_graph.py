@@ -360,19 +360,28 @@ def check(root: pathlib.Path) -> list[str]:
     # 2. toolchains: hub, .update, non-manual .test
     hubs = {kw["hub_name"]: kw for ext, tag, kw in g.ext_tags if (ext, tag) == ("pip", "parse")}
     repos = {n for ext, n in g.use_repo}
+    used = set()
+    for t in g.targets.values():
+        for key in ("deps", "data", "srcs"):
+            for item in t.attrs.get(key) or []:
+                labels = [x for v in item["__select__"].values() for x in v] if isinstance(item, dict) else [item]
+                used |= {lab[1:].split("//")[0] for lab in labels if isinstance(lab, str) and lab.startswith("@pypi_")}
+    for hub in sorted(set(hubs) - used):
+        problems.append(f"MODULE.bazel: pip hub {hub!r} is used by no target (an unused hub is fetched for nothing)")
     for name, ls in cfg.lock_sets.items():
         hub = f"pypi_{name}"
-        if hub not in hubs:
-            problems.append(f"MODULE.bazel: no pip.parse(hub_name = {hub!r}) for toolchain {name!r}")
-        else:
-            want_lock = "//deps:" + pathlib.PurePosixPath(ls.lock).name
-            if hubs[hub].get("requirements_lock") != want_lock:
-                problems.append(f"MODULE.bazel: {hub} requirements_lock {hubs[hub].get('requirements_lock')!r} "
-                                f"!= {want_lock!r}")
-            if hubs[hub].get("python_version") != ls.python:
-                problems.append(f"MODULE.bazel: {hub} python_version != {ls.python}")
-        if hub not in repos:
-            problems.append(f"MODULE.bazel: use_repo lacks {hub!r}")
+        if ls.is_toolchain:  # the lock tool's own set is resolved by tools/lock in its venv, not a hub
+            if hub not in hubs:
+                problems.append(f"MODULE.bazel: no pip.parse(hub_name = {hub!r}) for toolchain {name!r}")
+            else:
+                want_lock = "//deps:" + pathlib.PurePosixPath(ls.lock).name
+                if hubs[hub].get("requirements_lock") != want_lock:
+                    problems.append(f"MODULE.bazel: {hub} requirements_lock {hubs[hub].get('requirements_lock')!r} "
+                                    f"!= {want_lock!r}")
+                if hubs[hub].get("python_version") != ls.python:
+                    problems.append(f"MODULE.bazel: {hub} python_version != {ls.python}")
+            if hub not in repos:
+                problems.append(f"MODULE.bazel: use_repo lacks {hub!r}")
         upd = g.targets.get(f"//deps:{name}.update")
         if upd is None or upd.kind != "py_binary":
             problems.append(f"//deps:{name}.update missing (py_binary)")

@@ -27,8 +27,9 @@ def test_tests_build_file_is_current():
 def test_every_toolchain_has_hub_update_and_unmanual_test():
     g = bazel_graph.evaluate(ROOT)
     hubs = {kw["hub_name"] for ext, tag, kw in g.ext_tags if tag == "parse"}
-    for name in tcmod.load(ROOT).lock_sets:
-        assert f"pypi_{name}" in hubs
+    cfg = tcmod.load(ROOT)
+    for name in cfg.lock_sets:
+        assert (f"pypi_{name}" in hubs) == (name in cfg.toolchains)  # the lock tool's set needs no hub
         assert g.targets[f"//deps:{name}.update"].attrs["args"] == ["update", name]
         t = g.targets[f"//deps:{name}.test"]
         assert "manual" not in t.attrs.get("tags", []) and t.attrs["args"] == ["check", name]
@@ -299,3 +300,11 @@ def test_toolkit_version_check(tmp_path, monkeypatch, capsys):
     assert build_ext.main(["--check-toolkit", "cuda13_0"]) == 1
     assert "toolchain cuda13_0 needs CUDA 13.0, but the toolkit found" in capsys.readouterr().err
     assert build_ext.main(["--check-toolkit", "cpu"]) == 2
+
+
+def test_unused_pip_hub_fails(copy):
+    """Issue #23 defect 11: @pypi_tools was parsed (and fetched) but used by no target."""
+    _edit(copy / "MODULE.bazel", 'use_repo(pip, "pypi_cpu",', 'pip.parse(\n    hub_name = "pypi_tools",\n'
+          '    python_version = "3.11",\n    requirements_lock = "//deps:requirements_lock_tools.txt",\n)\n'
+          'use_repo(pip, "pypi_tools", "pypi_cpu",')
+    _fails(copy, "pip hub 'pypi_tools' is used by no target")
