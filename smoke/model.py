@@ -35,7 +35,14 @@ from rtp_fp8.quant import quantize_activation
 
 CONFIG = {"architecture": "rtp_fp8_smoke_decoder", "vocab": 512, "hidden": 512, "ffn": 1024, "moe_ffn": 512,
           "experts": 4, "topk": 2, "layers": 2, "moe_layers": [1], "seed": 20261202, "channel_spread": 2}
-CACHE = pathlib.Path(__file__).resolve().parent / ".cache" / "default_model"
+def _cache_dir() -> pathlib.Path:
+    """Where the seeded checkpoint is written: $RTP_FP8_CACHE, else $TEST_TMPDIR under `bazel test`
+    (the runfiles are read-only: nothing may write into the source tree), else smoke/.cache."""
+    base = os.environ.get("RTP_FP8_CACHE") or os.environ.get("TEST_TMPDIR")
+    return (pathlib.Path(base) if base else pathlib.Path(__file__).resolve().parent / ".cache") / "default_model"
+
+
+CACHE = _cache_dir()
 
 
 def weight_plan(cfg: dict) -> dict[str, str]:

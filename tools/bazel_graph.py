@@ -590,6 +590,22 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
                                 "network (./dev test runs offline)")
             if t.package == "deps" and "PIP_FIND_LINKS" not in (t.attrs.get("env_inherit") or []):
                 problems.append(f"{t.label}: does not inherit PIP_FIND_LINKS")
+    for t in g.targets.values():  # every first-party label names a target or an existing file
+        for key in ("srcs", "data", "deps", "tests", "main", "actual"):
+            v = t.attrs.get(key)
+            for item in v if isinstance(v, list) else [v] if v else []:
+                labels = [x for b in item["__select__"].values() for x in b] if isinstance(item, dict) else [item]
+                for lab in labels:
+                    if not isinstance(lab, str) or lab.startswith("@"):
+                        continue
+                    full = _resolve(lab, t.package) if lab.startswith((":", "//")) else f"//{t.package}:{lab}"
+                    if ":" not in full:
+                        full = f"{full}:{full.rsplit('/', 1)[-1]}"
+                    if full in g.targets:
+                        continue
+                    pkg, _, name = full[2:].partition(":")
+                    if not (root / pkg / name).is_file():
+                        problems.append(f"{t.label}: {key} names {lab}, which is neither a target nor a file")
     rc = (root / ".bazelrc").read_text(encoding="utf-8")
     if not re.search(r"^common --@rules_cuda//cuda:enable=false$", rc, re.M):
         problems.append(".bazelrc: no `common --@rules_cuda//cuda:enable=false`: with no --config, rules_cuda "

@@ -32,6 +32,7 @@ OWNERS = {
     "tools.wheel": "//tools:wheel_lib", "tools.dev": "//tools:dev_lib", "tools.build_ext": "//tools:build_ext_lib",
     "tools.build_deepgemm": "//tools:build_deepgemm_lib", "tools.bazel_graph": "//tools:bazel_check",
     "tools.bazel_imports": "//tools:bazel_check", "tools.gen_test_build": "//tools:bazel_check",
+    "tools.bazel_runfiles": "//tools:bazel_check",
     "smoke": "//smoke:model", "bench": "//bench",
 }
 
@@ -71,8 +72,8 @@ def render() -> str:
         names.append(name)
         markers = file_markers(path)
         attrs = {}  # attribute -> rendered value, in buildifier's order (name, src, sorted, deps last)
-        if rel.parts[0] == "tools":
-            attrs["data"] = '["//deps:lock_inputs"]'
+        if rel.parts[0] in ("tools", "bazel"):  # they read the checkout itself (locks, BUILD files)
+            attrs["data"] = '["//:repo_files"]'
         if len(markers) == 1:
             attrs["markers"] = f'["{markers[0]}"]'
         elif markers:  # buildifier's form for a list of several: one element per line
@@ -95,6 +96,13 @@ def render() -> str:
     for arch in ("sm90", "sm100", "sm120"):
         out += ["test_suite(", f'    name = "gpu_{arch}",', f'    tags = ["gpu_{arch}"],',
                 '    visibility = ["//visibility:public"],', ")", ""]
+    out += [
+        "# Every file of this package, for the checks that read the checkout's Bazel layer itself",
+        "# (//:repo_files: tests/bazel, tests/tools); nothing else depends on it.",
+        "filegroup(", '    name = "all_files",', "    srcs = glob(", '        ["**"],', "        exclude = [",
+        '            "**/__pycache__/**",', '            "**/*.pyc",', '            "**/*.so",', '            ".*/**",',
+        "        ],", "    ),", '    visibility = ["//:__pkg__"],', ")", "",
+    ]
     return "\n".join(out)
 
 

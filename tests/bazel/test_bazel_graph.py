@@ -51,7 +51,14 @@ def test_gpu_test_tags():
 def copy(tmp_path):
     ignore = shutil.ignore_patterns(".git", ".venv", ".venv-lock", "node_modules", "__pycache__", ".*cache*")
     shutil.copytree(ROOT, tmp_path / "r", ignore=ignore)
+    _writable(tmp_path / "r")
     return tmp_path / "r"
+
+
+def _writable(root: pathlib.Path):
+    """Copies of a read-only tree (Bazel's runfiles) keep its modes: make them writable."""
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
 
 
 def _edit(path: pathlib.Path, old: str, new: str):

@@ -17,7 +17,8 @@ def test_gpu_test_usage():
     assert dev.cmd_gpu_test(["--no-deepgemm"]) == 2
 
 
-def test_wheel_out_that_cannot_be_made(capsys):
+def test_wheel_out_that_cannot_be_made(capsys, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # hermetic: no git history needed (Bazel runfiles)
     assert wheel.main(["--toolchain", "cpu", "--out", "/dev/null/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("wheel: error: ") and "/dev/null" in err and "Traceback" not in err

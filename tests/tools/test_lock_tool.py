@@ -23,12 +23,14 @@ def repo(tmp_path):
     shutil.copytree(ROOT / "deps", tmp_path / "deps", ignore=shutil.ignore_patterns("BUILD.bazel", ".*"))
     (tmp_path / "rtp_fp8").mkdir()
     shutil.copy(ROOT / locktool.ACCEL_CONSTANTS, tmp_path / locktool.ACCEL_CONSTANTS)
+    for p in [tmp_path, *tmp_path.rglob("*")]:  # copies of Bazel's read-only runfiles keep their modes
+        p.chmod(p.stat().st_mode | 0o200)
     return tmp_path
 
 
 def run(root, *args):
     return subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "lock"), "--root", str(root), *args],
+        [sys.executable, str(ROOT / "tools" / "lock_main.py"), "--root", str(root), *args],
         capture_output=True, text=True, cwd="/",
     )
 
@@ -189,7 +191,7 @@ def test_unreachable_extra_index_without_local_wheels(repo, monkeypatch):
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     before = (repo / LOCK).read_bytes()
     env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/lock"), "--root", str(repo), "update", "cpu"],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/lock_main.py"), "--root", str(repo), "update", "cpu"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert "extra_index_urls entry http://127.0.0.1:9/whl/cpu is unreachable" in proc.stderr
@@ -216,7 +218,7 @@ def test_update_cpu_is_byte_identical_twice_from_any_cwd(repo):
     committed = (repo / LOCK).read_bytes()
     outs = []
     for cwd in (repo, pathlib.Path("/"), repo / "deps"):
-        proc = subprocess.run([sys.executable, str(ROOT / "tools/lock"), "--root", str(repo), "update", "cpu"],
+        proc = subprocess.run([sys.executable, str(ROOT / "tools/lock_main.py"), "--root", str(repo), "update", "cpu"],
                               capture_output=True, text=True, cwd=cwd)
         assert proc.returncode == 0, proc.stderr
         outs.append((repo / LOCK).read_bytes())
