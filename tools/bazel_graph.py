@@ -74,6 +74,12 @@ RULES = {
         "extra_distinfo_files", "config_settings", "deps", "twine", "twine_binary", "publish_args", "dist_folder",
     },
 }
+# Mandatory attributes (a missing one is a loading error in Bazel) and the values Bazel accepts for
+# test attributes (Bazel's common test attributes: be/common-definitions#common-attributes-tests;
+# rules_python 2.3.2 python/private/py_executable.bzl, py_wheel.bzl).
+MANDATORY = {"py_binary": {"srcs"}, "py_test": {"srcs"}, "py_wheel": {"distribution", "version"},
+             "genrule": {"outs"}, "test_suite": set(), "config_setting": set()}
+VALUES = {"size": {"small", "medium", "large", "enormous"}, "timeout": {"short", "moderate", "long", "eternal"}}
 MODULE_FUNCS = {
     "module": {"name", "version", "compatibility_level", "repo_name", "bazel_compatibility"},
     "bazel_dep": {"name", "version", "max_compatibility_level", "repo_name", "dev_dependency"},
@@ -164,6 +170,13 @@ class Evaluator:
                 raise GraphError(f"//{self.pkg}: {kind}(name={kw.get('name')!r}) has no attribute(s) {unknown}")
             if "name" not in kw:
                 raise GraphError(f"//{self.pkg}: {kind}() without name")
+            missing = sorted(MANDATORY.get(kind, set()) - set(kw))
+            if missing:
+                raise GraphError(f"//{self.pkg}: {kind}(name={kw['name']!r}) lacks mandatory {missing}")
+            for attr, allowed_values in VALUES.items():
+                if attr in kw and kind.endswith("_test") and kw[attr] not in allowed_values:
+                    raise GraphError(f"//{self.pkg}: {kind}(name={kw['name']!r}) {attr} = {kw[attr]!r}, Bazel takes "
+                                     f"{sorted(allowed_values)}")
             t = Target(kind, self.pkg, kw)
             if t.label in self.graph.targets:
                 raise GraphError(f"{t.label} defined twice")

@@ -315,3 +315,12 @@ def test_unused_pip_hub_fails(copy):
           '    python_version = "3.11",\n    requirements_lock = "//deps:requirements_lock_tools.txt",\n)\n'
           'use_repo(pip, "pypi_tools", "pypi_cpu",')
     _fails(copy, "pip hub 'pypi_tools' is used by no target")
+
+
+@pytest.mark.parametrize("path,old,new,needle", [
+    ("deps/BUILD.bazel", '    size = "small",', '    size = "tiny",', "size = 'tiny', Bazel takes"),
+    ("BUILD.bazel", '    distribution = "rtp_fp8",\n', "", "py_wheel(name='wheel') lacks mandatory ['distribution']"),
+], ids=["bad-size", "wheel-without-distribution"])
+def test_stub_attribute_values_and_mandatory_attributes(copy, path, old, new, needle):
+    _edit(copy / path, old, new)
+    _fails(copy, needle)
