@@ -40,3 +40,27 @@ def cuda_only():
         "@rules_cuda//cuda:is_enabled": [],
         "//conditions:default": ["@platforms//:incompatible"],
     })
+
+def all_files(name = "all_files", exclude = []):
+    """Declares :all_files, every file of the calling package (//:repo_files collects them).
+
+    For the checks that read the checkout's Bazel layer itself (tests/bazel, tests/tools);
+    nothing else depends on it.
+
+    Args:
+      name: the filegroup's name (//:repo_files expects the default).
+      exclude: more glob patterns to leave out.
+    """
+    native.filegroup(
+        name = name,
+        srcs = native.glob(
+            ["**"],
+            exclude = [
+                "**/__pycache__/**",
+                "**/*.pyc",
+                "**/*.so",
+                ".*/**",
+            ] + exclude,
+        ),
+        visibility = ["//:__pkg__"],
+    )

@@ -225,6 +225,9 @@ class Evaluator:
         m.add_callable("select", lambda d, no_match_error="": [{"__select__": d}])
         m.add_callable("exports_files", self._exports)
         m.add_callable("package", lambda **kw: None)
+        # .bzl macros reach native rules through `native` (Bazel's native module)
+        sl.eval(m, sl.parse("native.bzl", "native = struct(" + ", ".join(
+            f"{n} = {n}" for n in [*NATIVE, "glob", "exports_files"]) + ")"), self.globals)
         return m
 
     # ------------------------------------------------------------------ loading
