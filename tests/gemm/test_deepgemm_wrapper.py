@@ -121,24 +121,28 @@ def test_mk_alignment_restores_after_set_raises_and_checks_read_back():
             pass
 
 
-def test_mk_alignment_is_safe_under_concurrent_threads():
-    m = fake()
-    caps = D.probe(m)
-    errors = []
+def _hammer_mk_alignment(caps, values, rounds, pause):
+    """Threads setting different alignments at once: each body must see its own; -> the errors."""
+    dg, errors = caps.module, []
 
     def worker(v):
-        for _ in range(20):
+        for _ in range(rounds):
             with D.mk_alignment(v, caps):
-                time.sleep(0.0005)
-                if m.get_mk_alignment_for_contiguous_layout() != v:
+                time.sleep(pause)
+                if dg.get_mk_alignment_for_contiguous_layout() != v:
                     errors.append(v)
 
-    threads = [threading.Thread(target=worker, args=(v,)) for v in (16, 32, 64, 256)]
+    threads = [threading.Thread(target=worker, args=(v,)) for v in values]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == [] and m.state["align"] == 128
+    return errors
+
+
+def test_mk_alignment_is_safe_under_concurrent_threads():
+    m = fake()
+    assert _hammer_mk_alignment(D.probe(m), (16, 32, 64, 256), 20, 0.0005) == [] and m.state["align"] == 128
 
 
 def test_theoretical_alignment_follows_the_signature():
@@ -215,23 +219,9 @@ def test_real_theoretical_alignment():
 @pytest.mark.gpu
 def test_real_mk_alignment_under_concurrent_threads():
     caps = real_deep_gemm()
-    dg = caps.module
-    original = dg.get_mk_alignment_for_contiguous_layout()
-    errors = []
-
-    def worker(v):
-        for _ in range(50):
-            with D.mk_alignment(v, caps):
-                time.sleep(0.0002)
-                if dg.get_mk_alignment_for_contiguous_layout() != v:
-                    errors.append(v)
-
-    threads = [threading.Thread(target=worker, args=(v,)) for v in (32, 64, 128, 256)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and dg.get_mk_alignment_for_contiguous_layout() == original
+    original = caps.module.get_mk_alignment_for_contiguous_layout()
+    assert _hammer_mk_alignment(caps, (32, 64, 128, 256), 50, 0.0002) == []
+    assert caps.module.get_mk_alignment_for_contiguous_layout() == original
 
 
 @pytest.mark.gpu_sm90
