@@ -103,5 +103,6 @@ def smoke_test(name, arch):
         exec_properties = {"test.Pool": "gpu"} if markers else {},
         main = "//smoke:run.py",
         tags = tags,
+        visibility = ["//suites:__pkg__"],  # //suites:smoke_<arch> names it
         deps = ["//smoke:model"],
     )

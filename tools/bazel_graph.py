@@ -577,6 +577,17 @@ def check_suites(g: Graph) -> list[str]:
     return problems
 
 
+def _visible(t: Target, pkg: str) -> bool:
+    """Bazel's visibility of target t from package pkg (default: private to t's package)."""
+    for v in t.attrs.get("visibility") or []:
+        if v == "//visibility:public":
+            return True
+        p, _, kind = v[2:].partition(":")
+        if kind == "__pkg__" and p == pkg or kind == "__subpackages__" and (pkg == p or pkg.startswith(p + "/")):
+            return True
+    return False
+
+
 def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
     """Issue #23 defect classes 4, 7 and 10, each against what the real rules do:
     - a cuda_library whose sources register ops with TORCH_LIBRARY (static initialisers nothing
@@ -618,10 +629,22 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
                     if ":" not in full:
                         full = f"{full}:{full.rsplit('/', 1)[-1]}"
                     if full in g.targets:
+                        dep = g.targets[full]
+                        if dep.package != t.package and not _visible(dep, t.package):
+                            problems.append(f"{t.label}: {key} names {full}, which is not visible to //{t.package} "
+                                            f"(visibility {dep.attrs.get('visibility', ['private'])})")
                         continue
                     pkg, _, name = full[2:].partition(":")
                     if not (root / pkg / name).is_file():
                         problems.append(f"{t.label}: {key} names {lab}, which is neither a target nor a file")
+    for t in g.targets.values():  # rules_python: `main` must be one of the srcs
+        if t.kind in ("py_binary", "py_test") and t.attrs.get("main"):
+            srcs = [_resolve(s, t.package) if s.startswith((":", "//")) else f"//{t.package}:{s}"
+                    for s in t.attrs.get("srcs", []) if isinstance(s, str)]
+            m = t.attrs["main"]
+            main = _resolve(m, t.package) if m.startswith((":", "//")) else f"//{t.package}:{m}"
+            if main not in srcs:
+                problems.append(f"{t.label}: main {m} is not in srcs {t.attrs.get('srcs')}")
     rc = (root / ".bazelrc").read_text(encoding="utf-8")
     if not re.search(r"^common --@rules_cuda//cuda:enable=false$", rc, re.M):
         problems.append(".bazelrc: no `common --@rules_cuda//cuda:enable=false`: with no --config, rules_cuda "
