@@ -331,7 +331,8 @@ def test_stub_attribute_values_and_mandatory_attributes(copy, path, old, new, ne
      "//suites:cpu: tests names //deps:cpu.test, which is not visible to //suites"),
     ("rtp_fp8/moe/BUILD.bazel", "    visibility = [\"//visibility:public\"],\n", "",
      "names //rtp_fp8/moe:moe, which is not visible"),
-    ("deps/BUILD.bazel", '    main = "//tools:lock_main.py",\n    visibility', '    main = "//tools:lock.py",\n    visibility',
+    ("deps/BUILD.bazel", '    main = "//tools:lock_main.py",\n    visibility',
+     '    main = "//tools:lock.py",\n    visibility',
      "main //tools:lock.py is not in srcs"),
 ], ids=["suite-names-private-test", "private-library", "main-not-in-srcs"])
 def test_visibility_and_main(copy, path, old, new, needle):
