@@ -41,6 +41,9 @@ def ensure_venv(venv: pathlib.Path = VENV, toolchain: str = DEV_TOOLCHAIN) -> pa
     cfg = tcmod.load(ROOT)
     ls = cfg.toolchains[toolchain]
     lock = ROOT / ls.lock
+    if not lock.is_file():
+        sys.exit(f"dev: the {toolchain} lock {ls.lock} is missing: restore it (git checkout -- {ls.lock}) or "
+                 f"regenerate it (tools/lock update {toolchain})")
     want = hashlib.sha256(lock.read_bytes()).hexdigest()
     stamp = venv / ".lock-sha256"
     py = venv / "bin" / "python"
@@ -50,7 +53,9 @@ def ensure_venv(venv: pathlib.Path = VENV, toolchain: str = DEV_TOOLCHAIN) -> pa
     _say(f"installing {venv.name} from {ls.lock} (toolchain {ls.name}, python {ls.python})")
     if not py.exists():
         subprocess.run([locktool._python_for(ls.python), "-m", "venv", str(venv)], check=True)
-    cmd = [str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", str(lock)]
+    # wheels only: an sdist would be built with build dependencies no lock hashes
+    cmd = [str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "--only-binary=:all:", "-r",
+           str(lock)]
     # An unreachable extra index (PyTorch's CPU index behind a closed network, with a
     # local wheel folder in pip's config instead) would cost pip's retries per project.
     if not all(locktool._reachable(u, timeout=10) for u in ls.extra_index_urls):

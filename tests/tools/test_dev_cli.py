@@ -28,3 +28,14 @@ def test_wheel_out_that_cannot_be_made(capsys, monkeypatch):
 def test_dev_script_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "tools.dev", "bogus"], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown command 'bogus'" in proc.stderr
+
+
+def test_missing_lock_is_one_line(tmp_path, monkeypatch):
+    """A missing lock: one line naming it and both remedies, not a traceback (issue #26, item 4)."""
+    import pytest
+
+    cfg = dev.tcmod.load(dev.ROOT)
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev.tcmod, "load", lambda root: cfg)
+    with pytest.raises(SystemExit, match="dev: the cpu lock deps/requirements_lock_cpu.txt is missing: restore it"):
+        dev.ensure_venv(tmp_path / "venv")
