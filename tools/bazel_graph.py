@@ -348,6 +348,19 @@ def _resolve(label: str, pkg: str) -> str:
     return f"//{pkg}{label}" if label.startswith(":") else label
 
 
+def canonical(label: str, pkg: str) -> str:
+    """A first-party label as `//pkg:name`: ':x' and 'x' are in pkg, '//p' means '//p:<last part of p>'."""
+    full = _resolve(label, pkg) if label.startswith((":", "//")) else f"//{pkg}:{label}"
+    return full if ":" in full else f"{full}:{full.rsplit('/', 1)[-1]}"
+
+
+def item_labels(item) -> list[str]:
+    """The labels of one attribute list entry: a label, or every branch of a select() placeholder."""
+    if isinstance(item, dict) and "__select__" in item:
+        return [lab for branch in item["__select__"].values() for lab in branch]
+    return [item] if isinstance(item, str) else []
+
+
 def check(root: pathlib.Path) -> list[str]:
     problems: list[str] = []
     try:
@@ -380,8 +393,7 @@ def check(root: pathlib.Path) -> list[str]:
     for t in g.targets.values():
         for key in ("deps", "data", "srcs"):
             for item in t.attrs.get(key) or []:
-                labels = [x for v in item["__select__"].values() for x in v] if isinstance(item, dict) else [item]
-                used |= {lab[1:].split("//")[0] for lab in labels if isinstance(lab, str) and lab.startswith("@pypi_")}
+                used |= {lab[1:].split("//")[0] for lab in item_labels(item) if lab.startswith("@pypi_")}
     for hub in sorted(set(hubs) - used):
         problems.append(f"MODULE.bazel: pip hub {hub!r} is used by no target (an unused hub is fetched for nothing)")
     for name, ls in cfg.lock_sets.items():
@@ -621,13 +633,10 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
         for key in ("srcs", "data", "deps", "tests", "main", "actual"):
             v = t.attrs.get(key)
             for item in v if isinstance(v, list) else [v] if v else []:
-                labels = [x for b in item["__select__"].values() for x in b] if isinstance(item, dict) else [item]
-                for lab in labels:
-                    if not isinstance(lab, str) or lab.startswith("@"):
+                for lab in item_labels(item):
+                    if lab.startswith("@"):
                         continue
-                    full = _resolve(lab, t.package) if lab.startswith((":", "//")) else f"//{t.package}:{lab}"
-                    if ":" not in full:
-                        full = f"{full}:{full.rsplit('/', 1)[-1]}"
+                    full = canonical(lab, t.package)
                     if full in g.targets:
                         dep = g.targets[full]
                         if dep.package != t.package and not _visible(dep, t.package):
@@ -639,11 +648,9 @@ def check_rule_hygiene(root: pathlib.Path, g: Graph) -> list[str]:
                         problems.append(f"{t.label}: {key} names {lab}, which is neither a target nor a file")
     for t in g.targets.values():  # rules_python: `main` must be one of the srcs
         if t.kind in ("py_binary", "py_test") and t.attrs.get("main"):
-            srcs = [_resolve(s, t.package) if s.startswith((":", "//")) else f"//{t.package}:{s}"
-                    for s in t.attrs.get("srcs", []) if isinstance(s, str)]
+            srcs = [canonical(s, t.package) for s in t.attrs.get("srcs", []) if isinstance(s, str)]
             m = t.attrs["main"]
-            main = _resolve(m, t.package) if m.startswith((":", "//")) else f"//{t.package}:{m}"
-            if main not in srcs:
+            if canonical(m, t.package) not in srcs:
                 problems.append(f"{t.label}: main {m} is not in srcs {t.attrs.get('srcs')}")
     rc = (root / ".bazelrc").read_text(encoding="utf-8")
     if not re.search(r"^common --@rules_cuda//cuda:enable=false$", rc, re.M):
@@ -681,13 +688,9 @@ def _closure_all(g: Graph, label: str, seen=None) -> set[str]:
     t = g.targets[label]
     for key in ("deps", "data", "srcs"):
         for item in t.attrs.get(key) or []:
-            labels = [lab for v in item["__select__"].values() for lab in v] if isinstance(item, dict) else [item]
-            for lab in labels:
-                if isinstance(lab, str) and (lab.startswith("//") or lab.startswith(":")):
-                    full = _resolve(lab, t.package)
-                    if ":" not in full:  # //pkg means //pkg:<last component>
-                        full = f"{full}:{full.rsplit('/', 1)[-1]}"
-                    _closure_all(g, full, seen)
+            for lab in item_labels(item):
+                if lab.startswith(("//", ":")):
+                    _closure_all(g, canonical(lab, t.package), seen)
     return seen
 
 

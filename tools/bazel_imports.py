@@ -20,6 +20,8 @@ import functools
 import pathlib
 import sys
 
+from tools.bazel_graph import canonical
+
 FIRST_PARTY = {"rtp_fp8", "tools", "smoke", "bench", "suites"}
 TEST_MODULES = {"helpers": "tests/helpers.py", "conftest": "tests/conftest.py"}
 OPTIONAL = {"deep_gemm", "deep_ep"}  # accelerators probed at run time, never locked
@@ -49,14 +51,8 @@ def _label_file(label: str, pkg: str) -> str | None:
 
 
 def _target_label(label: str, pkg: str) -> str | None:
-    if label.startswith("@"):
-        return None
-    if label.startswith("//"):
-        p, sep, name = label[2:].partition(":")
-        return f"//{p}:{name if sep else p.rsplit('/', 1)[-1]}"
-    if label.startswith(":"):
-        return f"//{pkg}:{label[1:]}"
-    return None
+    """A deps entry naming a first-party target, canonical; None for pip hub labels."""
+    return canonical(label, pkg) if label.startswith(("//", ":")) else None
 
 
 def _branches(deps) -> dict[str, list[str]]:

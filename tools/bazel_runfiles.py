@@ -25,12 +25,6 @@ import tempfile
 from tools import bazel_graph as BG
 
 
-def _labels(item) -> list[str]:
-    if isinstance(item, dict) and "__select__" in item:
-        return [lab for v in item["__select__"].values() for lab in v]
-    return [item] if isinstance(item, str) else []
-
-
 def runfiles(g: BG.Graph, root: pathlib.Path, label: str, toolchain: str = "cpu") -> set[str]:
     """Repo-relative files in the target's runfiles: srcs and data (files, filegroups, globs) over
     the deps/data closure, the select() branch of `toolchain` taken."""
@@ -39,9 +33,7 @@ def runfiles(g: BG.Graph, root: pathlib.Path, label: str, toolchain: str = "cpu"
     seen: set[str] = set()
 
     def visit(lab: str, pkg: str):
-        full = BG._resolve(lab, pkg) if lab.startswith((":", "//")) else f"//{pkg}:{lab}"
-        if ":" not in full:
-            full = f"{full}:{full.rsplit('/', 1)[-1]}"
+        full = BG.canonical(lab, pkg)
         if full in seen:
             return
         seen.add(full)
@@ -60,7 +52,7 @@ def runfiles(g: BG.Graph, root: pathlib.Path, label: str, toolchain: str = "cpu"
                     branch = item["__select__"].get(want, item["__select__"].get("//conditions:default", []))
                     labs = list(branch)
                 else:
-                    labs = _labels(item)
+                    labs = BG.item_labels(item)
                 for lab in labs:
                     if isinstance(lab, str) and not lab.startswith("@"):
                         visit(lab, t.package)
@@ -96,14 +88,15 @@ def run(label: str, root: pathlib.Path = BG.tcmod.REPO_ROOT, collect_only: bool 
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_FIND_LINKS")}
         env.update(PYTHONPATH=str(main), TEST_TMPDIR=str(tmp), HOME=str(tmp), PIP_NO_INDEX="1",
                    PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
-        args = [BG._resolve(a, t.package) for a in t.attrs.get("args", [])]
+        args = list(t.attrs.get("args", []))
         src = next(a for a in t.attrs["srcs"] if isinstance(a, str) and not a.startswith("//suites"))
         test_file = f"{t.package}/{src}"
         if any("rootpath" in a for a in args):  # rtp_py_test: suites/pytest_main.py on its file
             cmd = [sys.executable, str(main / "suites" / "pytest_main.py"), test_file, "-q"]
         else:
             main_py = t.attrs.get("main", src)
-            cmd = [sys.executable, str(main / BG._resolve(main_py, t.package).lstrip("/").replace(":", "/")), *args]
+            main_file = BG.canonical(main_py, t.package)[2:].lstrip(":").replace(":", "/")
+            cmd = [sys.executable, str(main / main_file), *args]
         if collect_only:
             cmd.append("--collect-only")
         cmd += extra or []
