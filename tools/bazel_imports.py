@@ -5,7 +5,7 @@ Python file the target runs (its srcs, and .py files in its data such as tests/c
 parsed, and every import is resolved the way Gazelle's Python extension resolves it:
 - the standard library, and the optional accelerators detected at run time (deep_gemm, deep_ep,
   imported inside try/except ImportError or through importlib), need nothing;
-- a first-party module (rtp_fp8.*, tools.*, smoke.*, bench.*, and tests' `helpers`) must be a file
+- a first-party module (rtp_fp8.*, tools.*, smoke.*, bench.*, and tests' `helpers`, `scratch`) must be a file
   in the srcs/data of the target or of a first-party target in its deps closure;
 - a third-party module must map (THIRD_PARTY) to a distribution the target's deps name in the
   pip hub, in every toolchain branch of a select().
@@ -23,7 +23,7 @@ import sys
 from tools.bazel_graph import canonical
 
 FIRST_PARTY = {"rtp_fp8", "tools", "smoke", "bench", "suites"}
-TEST_MODULES = {"helpers": "tests/helpers.py", "conftest": "tests/conftest.py"}
+TEST_MODULES = {"helpers": "tests/helpers.py", "conftest": "tests/conftest.py", "scratch": "tests/scratch.py"}
 OPTIONAL = {"deep_gemm", "deep_ep"}  # accelerators probed at run time, never locked
 # import name -> distribution name (normalized like the hub's labels)
 THIRD_PARTY = {

@@ -12,7 +12,7 @@
     ./dev wheel --toolchain NAME [--out DIR]   byte-reproducible wheel (tools/wheel.py)
 
 `smoke`, `test` and `lint` first make .venv from the cpu lock with
-`pip install --require-hashes`; a second run reinstalls nothing.
+`pip install --require-hashes --only-binary=:all:` (Linux x86_64 only, as the lock); a second run reinstalls nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import time
@@ -44,6 +45,10 @@ def ensure_venv(venv: pathlib.Path = VENV, toolchain: str = DEV_TOOLCHAIN) -> pa
     if not lock.is_file():
         sys.exit(f"dev: the {toolchain} lock {ls.lock} is missing: restore it (git checkout -- {ls.lock}) or "
                  f"regenerate it (tools/lock update {toolchain})")
+    here = f"{platform.system()} {platform.machine()}"
+    if here != locktool.PLATFORM or platform.python_implementation() != "CPython":
+        sys.exit(f"dev: {ls.lock} is a {locktool.PLATFORM} CPython {ls.python} resolution (its header says so) and "
+                 f"this is {here} {platform.python_implementation()}: its wheels would not install here")
     want = hashlib.sha256(lock.read_bytes()).hexdigest()
     stamp = venv / ".lock-sha256"
     py = venv / "bin" / "python"
@@ -53,9 +58,9 @@ def ensure_venv(venv: pathlib.Path = VENV, toolchain: str = DEV_TOOLCHAIN) -> pa
     _say(f"installing {venv.name} from {ls.lock} (toolchain {ls.name}, python {ls.python})")
     if not py.exists():
         subprocess.run([locktool._python_for(ls.python), "-m", "venv", str(venv)], check=True)
-    # wheels only: an sdist would be built with build dependencies no lock hashes
-    cmd = [str(py), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "--only-binary=:all:", "-r",
-           str(lock)]
+    # Wheels only: an sdist would be built with build dependencies no lock hashes. Dependencies
+    # are resolved (no --no-deps): in hash-checking mode pip then refuses a dependency the lock lacks.
+    cmd = [str(py), "-m", "pip", "install", "-q", "--require-hashes", "--only-binary=:all:", "-r", str(lock)]
     # An unreachable extra index (PyTorch's CPU index behind a closed network, with a
     # local wheel folder in pip's config instead) would cost pip's retries per project.
     if not all(locktool._reachable(u, timeout=10) for u in ls.extra_index_urls):

@@ -46,6 +46,8 @@ def file_deps(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         for mod in names:
+            if mod == "scratch":  # tests/scratch.py (in //:repo_files): its imports are the test's too
+                deps.update(file_deps(ROOT / "tests" / "scratch.py"))
             top = mod.split(".")[0]
             owner = OWNERS.get(mod) or (OWNERS[top] if top in ("smoke", "bench") else None)
             if owner:
@@ -63,7 +65,7 @@ def render() -> str:
         'load("//deps:py.bzl", "all_files")',
         'load("//suites:defs.bzl", "rtp_py_test")',
         "",
-        'exports_files([\n    "conftest.py",\n    "helpers.py",\n])',
+        'exports_files([\n    "conftest.py",\n    "helpers.py",\n    "scratch.py",\n])',
         "",
     ]
     names = []
@@ -73,8 +75,15 @@ def render() -> str:
         names.append(name)
         markers = file_markers(path)
         attrs = {}  # attribute -> rendered value, in buildifier's order (name, src, sorted, deps last)
+        data = []
         if rel.parts[0] in ("tools", "bazel"):  # they read the checkout itself (locks, BUILD files)
-            attrs["data"] = '["//:repo_files"]'
+            data.append("//:repo_files")
+        if re.search(r"^from scratch import ", path.read_text(encoding="utf-8"), re.M):
+            data.append("//tests:scratch.py")
+        if len(data) == 1:
+            attrs["data"] = f'["{data[0]}"]'
+        elif data:
+            attrs["data"] = "[\n" + "".join(f'        "{d}",\n' for d in data) + "    ]"
         if len(markers) == 1:
             attrs["markers"] = f'["{markers[0]}"]'
         elif markers:  # buildifier's form for a list of several: one element per line

@@ -170,6 +170,9 @@ def load(root: pathlib.Path | str | None = None) -> Config:
     for name, acc in accels.items():
         for key in ("min_version", "upstream", "commit"):
             _req(acc, key, f"accelerators.{name}", str)
+        if not _HEX40.match(acc["commit"]):
+            raise ToolchainError(f"{TOOLCHAINS_TOML}: 'accelerators.{name}.commit' must be a full 40-hex commit, "
+                                 f"got {acc['commit']!r}")
         if "source" in acc:
             _check_source(_req(acc, "source", f"accelerators.{name}", dict), acc["min_version"],
                           f"accelerators.{name}.source")
