@@ -77,6 +77,7 @@ RULES = {
 # Mandatory attributes (a missing one is a loading error in Bazel) and the values Bazel accepts for
 # test attributes (Bazel's common test attributes: be/common-definitions#common-attributes-tests;
 # rules_python 2.3.2 python/private/py_executable.bzl, py_wheel.bzl).
+WHEEL_VERSION_KEY = "{STABLE_RTP_FP8_VERSION_%s}"
 MANDATORY = {"py_binary": {"srcs"}, "py_test": {"srcs"}, "py_wheel": {"distribution", "version"},
              "genrule": {"outs"}, "test_suite": set(), "config_setting": set()}
 VALUES = {"size": {"small", "medium", "large", "enormous"}, "timeout": {"short", "moderate", "long", "eternal"}}
@@ -469,7 +470,9 @@ def check(root: pathlib.Path) -> list[str]:
                 if bad:
                     problems.append(f"{lib.label}: copts {bad} (rules_cuda rejects these)")
 
-    # 6. the wheel's version is the package's (one place: rtp_fp8/__init__.py)
+    # 6. the wheel's version is the source's, as ./dev wheel computes it (tools/wheel.py
+    # wheel_version, printed by tools/workspace_status.sh into the stamped key); the module's
+    # version is the release it heads for (rtp_fp8/__init__.py)
     try:
         ver = wheel.version(root)
     except wheel.WheelError as exc:
@@ -478,8 +481,19 @@ def check(root: pathlib.Path) -> list[str]:
     whl = g.targets.get("//:wheel")
     if whl is None or whl.kind != "py_wheel":
         problems.append("//:wheel missing (py_wheel)")
-    elif whl.attrs.get("version") != ver:
-        problems.append(f"//:wheel version {whl.attrs.get('version')!r} != rtp_fp8.__version__ {ver!r}")
+    else:
+        toolchains = list(tcmod.load(root).toolchains)
+        want = {"__select__": {f"//deps:is_{tc}": WHEEL_VERSION_KEY % tc for tc in toolchains}}
+        if whl.attrs.get("version") != [want] or whl.attrs.get("stamp") != 1:
+            problems.append(f"//:wheel: version must be per_toolchain({WHEEL_VERSION_KEY!r}) with stamp = 1 (the "
+                            f"version changes with the source), got {whl.attrs.get('version')!r}, "
+                            f"stamp {whl.attrs.get('stamp')!r}")
+        status = (root / "tools/workspace_status.sh").read_text() if (root / "tools/workspace_status.sh").exists() \
+            else ""
+        if not any("tools/wheel.py --workspace-status" in ln and not ln.lstrip().startswith("#")
+                   for ln in status.splitlines()):
+            problems.append("tools/workspace_status.sh must print the wheel versions from "
+                            "`tools/wheel.py --workspace-status`")
     for fn, kw in g.module_calls:
         if fn == "module" and kw.get("version") != ver:
             problems.append(f"MODULE.bazel: module version {kw.get('version')!r} != rtp_fp8.__version__ {ver!r}")

@@ -42,21 +42,87 @@ class WheelError(Exception):
 
 
 def version(root: pathlib.Path) -> str:
+    """The release this source is heading for: rtp_fp8/__init__.py's __version__."""
     m = re.search(r'^__version__ = "([^"]+)"$', (root / "rtp_fp8/__init__.py").read_text(), re.M)
     if not m:
         raise WheelError("rtp_fp8/__init__.py: no __version__")
     return m.group(1)
 
 
+def _git(root: pathlib.Path, *args: str, binary: bool = False):
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=not binary)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def source_state(root: pathlib.Path) -> dict:
+    """The commit, whether the whole tree differs from it (tracked edits or untracked, unignored
+    files anywhere, not only under rtp_fp8/), a digest of that difference, and the release tags."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or pathlib.Path(top.strip()).resolve() != root.resolve():
+        raise WheelError(f"{root} is not the top of a git checkout: the wheel version comes from the commit "
+                         "(build from a clone)")
+    commit = _git(root, "rev-parse", "HEAD").strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=all") or ""
+    dirty = bool(status.strip())
+    digest = None
+    if dirty:
+        h = hashlib.sha256(_git(root, "diff", "--binary", "HEAD", binary=True) or b"")
+        for rel in sorted((_git(root, "ls-files", "-o", "--exclude-standard") or "").splitlines()):
+            p = root / rel
+            h.update(rel.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"") + b"\0")
+        digest = h.hexdigest()
+    tags = (_git(root, "tag", "--points-at", "HEAD", "--list", "v*") or "").split()
+    last = (_git(root, "describe", "--tags", "--match", "v*", "--abbrev=0") or "").strip() or None
+    distance = int((_git(root, "rev-list", "--count", f"{last}..HEAD" if last else "HEAD") or "0").strip())
+    return {"commit": commit, "dirty": dirty, "dirty_sha256": digest, "tags": tags, "last_tag": last,
+            "distance": distance}
+
+
 def source_revision(root: pathlib.Path) -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "rtp_fp8", "csrc"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+        st = source_state(root)
+    except WheelError:
         return "unknown"
+    return st["commit"] + ("-dirty" if st["dirty"] else "")
+
+
+def extension_label(tc: tcmod.LockSet) -> str | None:
+    return "cu" + tc.cuda.replace(".", "") if tc.cuda else None
+
+
+def wheel_version(root: pathlib.Path, tc: tcmod.LockSet, ext_sha256: str | None = None) -> str:
+    """A version that changes with the source, so two different wheels never share a name.
+
+    - release: HEAD carries the tag v<__version__> and the tree is clean -> '0.2.0';
+    - otherwise a dev build of the next release: '0.2.0.dev<commits since the last v* tag>+g<commit 12>';
+    - a tree that differs from its commit adds 'd<digest of the difference, 10>';
+    - an extension wheel adds the CUDA toolchain ('cu130') and, as its .so is built outside git,
+      'x<sha256 of the .so, 10>' (the Bazel wheel, whose .so is an action output, leaves this out).
+    """
+    base = version(root)
+    st = source_state(root)
+    other = [t for t in st["tags"] if t != f"v{base}"]
+    if other:
+        raise WheelError(f"HEAD is tagged {', '.join(other)} but rtp_fp8/__init__.py says {base}")
+    local = []
+    if f"v{base}" in st["tags"] and not st["dirty"]:
+        ver = base
+    else:
+        if f"v{base}" in st["tags"]:
+            raise WheelError(f"HEAD is the release v{base} but the tree differs from it: a release is built "
+                             "from a clean checkout")
+        if st["last_tag"] == f"v{base}":
+            raise WheelError(f"rtp_fp8/__init__.py still says {base}, released as tag v{base} "
+                             f"{st['distance']} commits ago: raise __version__ to the next release")
+        ver = f"{base}.dev{st['distance']}"
+        local.append(f"g{st['commit'][:12]}")
+        if st["dirty"]:
+            local.append(f"d{st['dirty_sha256'][:10]}")
+    if extension_label(tc):
+        local.append(extension_label(tc))
+        if ext_sha256:
+            local.append(f"x{ext_sha256[:10]}")
+    return ver + ("+" + ".".join(local) if local else "")
 
 
 def source_date_epoch(root: pathlib.Path) -> int:
@@ -71,6 +137,7 @@ def source_date_epoch(root: pathlib.Path) -> int:
 
 
 def requires(tc: tcmod.LockSet, root: pathlib.Path) -> list[str]:
+    """The wheel's Requires-Dist: the toolchain's runtime pins. build_info records the same list."""
     pins = {name: v for name, v, _, _ in locktool.parse_in(tc.input, root) if v}
     out = []
     for name in RUNTIME:
@@ -99,6 +166,41 @@ def _files(root: pathlib.Path, with_ext: bool) -> list[tuple[str, bytes, int]]:
     return files
 
 
+# Shared libraries the extension may link without bundling them: the Requires-Dist torch wheel
+# (and the NVIDIA runtime wheels it depends on) provides them at run time, as for every torch
+# extension. Anything else the extension needs keeps the wheel at auditwheel's overall verdict.
+PROVIDED_BY_REQUIRES = re.compile(r"^(libc10(_cuda)?|libtorch(_cpu|_cuda|_python)?|libcudart)\.so(\.\d+)*$")
+
+
+def platform_tag(root: pathlib.Path, tc: tcmod.LockSet, files: list[tuple[str, bytes, int]]) -> str:
+    """The extension wheel's tag, as auditwheel (PyPI) reads it: a throwaway linux_x86_64 wheel of
+    the same files is audited; its symbol-versioning verdict (e.g. manylinux_2_28) is taken when
+    every external library is one torch provides, else auditwheel's overall tag (linux_x86_64)."""
+    import tempfile
+
+    py = "cp" + tc.python.replace(".", "")
+    with tempfile.TemporaryDirectory() as td:
+        probe = pathlib.Path(td) / f"rtp_fp8-0-{py}-{py}-linux_x86_64.whl"
+        dist = "rtp_fp8-0.dist-info"
+        items = [(p, d) for p, d, _ in files] + [
+            (f"{dist}/METADATA", b"Metadata-Version: 2.1\nName: rtp_fp8\nVersion: 0\n"),
+            (f"{dist}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {py}-{py}-linux_x86_64\n".encode())]
+        record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in items) + f"{dist}/RECORD,,\n"
+        with zipfile.ZipFile(probe, "w") as zf:
+            for p, d in items + [(f"{dist}/RECORD", record.encode())]:
+                zf.writestr(p, d)
+        proc = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(probe)],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        if "No module named auditwheel" in proc.stderr:
+            raise WheelError("auditwheel is not installed in this Python: the extension wheel's platform tag comes "
+                             "from it (it is in every toolchain's lock: deps/requirements_base.in)")
+        raise WheelError(f"auditwheel show failed: {proc.stderr.strip().splitlines()[-1:]}")
+    report = json.loads(proc.stdout)
+    foreign = sorted(lib for lib in report.get("external_libs", {}) if not PROVIDED_BY_REQUIRES.match(lib))
+    return f"{py}-{py}-" + (report["overall_tag"] if foreign else report["sym_tag"])
+
+
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -110,11 +212,13 @@ def _toolchain(name: str, root: pathlib.Path) -> tcmod.LockSet:
     return cfg.toolchains[name]
 
 
-def build_info(tc: tcmod.LockSet, ver: str, revision: str, epoch: int) -> bytes:
-    """rtp_fp8/_build_info.json (what `rtp_fp8.build_info()` reports once installed)."""
+def build_info(tc: tcmod.LockSet, ver: str, revision: str, epoch: int, reqs: list[str]) -> bytes:
+    """rtp_fp8/_build_info.json (what `rtp_fp8.build_info()` reports once installed). torch and
+    triton are read from `reqs`, the list the METADATA's Requires-Dist is written from."""
     with_ext = bool(tc.cuda)
-    info = {"toolchain": tc.name, "version": ver, "torch": tc.torch, "triton": tc.triton,
-            "cuda": tc.cuda or None, "archs": list(tc.nvcc_archs) if with_ext else [],
+    pins = dict(r.split("==", 1) for r in reqs)
+    info = {"toolchain": tc.name, "version": ver, "torch": pins["torch"], "triton": pins["triton"],
+            "requires": list(reqs), "cuda": tc.cuda or None, "archs": list(tc.nvcc_archs) if with_ext else [],
             "extension": with_ext, "source_revision": revision, "source_date_epoch": epoch}
     return (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
 
@@ -136,35 +240,40 @@ def emit(what: str, toolchain: str, output: pathlib.Path, root: pathlib.Path, st
     else:
         st = _status(status) if status else {}
         epoch = int(st.get("STABLE_SOURCE_DATE_EPOCH") or source_date_epoch(root))
-        data = build_info(tc, version(root), st.get("STABLE_RTP_FP8_REVISION") or source_revision(root), epoch)
+        ver = st.get(f"STABLE_RTP_FP8_VERSION_{tc.name}") or wheel_version(root, tc)
+        data = build_info(tc, ver, st.get("STABLE_RTP_FP8_REVISION") or source_revision(root), epoch,
+                          requires(tc, root))
     output.write_bytes(data)
 
 
 def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> pathlib.Path:
     tc = _toolchain(toolchain, root)
+    out_dir.mkdir(parents=True, exist_ok=True)  # an --out that cannot be made fails first, naming it
     with_ext = bool(tc.cuda)
-    ver = version(root)
-    py = "cp" + tc.python.replace(".", "")
-    tag = f"{py}-{py}-manylinux_2_28_x86_64" if with_ext else "py3-none-any"
-    name = f"rtp_fp8-{ver}-{tag}.whl"
+    files = _files(root, with_ext)
+    ext_sha = next((hashlib.sha256(d).hexdigest() for p, d, _ in files if p == EXTENSION), None)
+    ver = wheel_version(root, tc, ext_sha)
+    tag = platform_tag(root, tc, files) if with_ext else "py3-none-any"
+    name = f"rtp_fp8-{ver.replace('-', '_')}-{tag}.whl"
     epoch = max(source_date_epoch(root), 315532800)  # zip cannot store dates before 1980
     import time
 
     stamp = time.gmtime(epoch)[:6]
     dist = f"rtp_fp8-{ver}.dist-info"
+    reqs = requires(tc, root)
 
-    files = _files(root, with_ext)
-    files.append(("rtp_fp8/_build_info.json", build_info(tc, ver, source_revision(root), epoch), 0o644))
+    files.append(("rtp_fp8/_build_info.json", build_info(tc, ver, source_revision(root), epoch, reqs), 0o644))
+    files.sort(key=lambda f: f[0])
     meta = [
         "Metadata-Version: 2.1", "Name: rtp_fp8", f"Version: {ver}",
         "Summary: FP8 inference kernels for Hopper and Blackwell: quantization, GEMM, MoE EP",
         f"Requires-Python: >={tc.python}",
-    ] + [f"Requires-Dist: {r}" for r in requires(tc, root)]
-    files.append((f"{dist}/METADATA", ("\n".join(meta) + "\n").encode(), 0o644))
+    ] + [f"Requires-Dist: {r}" for r in reqs]
     wheel_meta = ["Wheel-Version: 1.0", "Generator: rtp_fp8 tools/wheel.py",
                   f"Root-Is-Purelib: {'false' if with_ext else 'true'}", f"Tag: {tag}"]
+    # .dist-info last (the wheel spec's recommendation: installers may stream the archive), RECORD at the end
+    files.append((f"{dist}/METADATA", ("\n".join(meta) + "\n").encode(), 0o644))
     files.append((f"{dist}/WHEEL", ("\n".join(wheel_meta) + "\n").encode(), 0o644))
-    files.sort(key=lambda f: f[0])
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d, _ in files) + f"{dist}/RECORD,,\n"
     files.append((f"{dist}/RECORD", record.encode(), 0o644))
 
@@ -193,8 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=pathlib.Path, help="with --emit: the file to write")
     ap.add_argument("--status-file", type=pathlib.Path, help="with --emit build-info: Bazel's stable-status.txt")
     ap.add_argument("--root", type=pathlib.Path, default=ROOT, help="source root (default: this checkout)")
+    ap.add_argument("--print-version", action="store_true", help="print the wheel version of --toolchain and exit")
+    ap.add_argument("--workspace-status", action="store_true",
+                    help="print Bazel's stable status keys (tools/workspace_status.sh)")
     a = ap.parse_args(argv)
     try:
+        if a.print_version:
+            print(wheel_version(a.root, _toolchain(a.toolchain, a.root)))
+            return 0
+        if a.workspace_status:
+            for name in tcmod.load(a.root).toolchains:
+                print(f"STABLE_RTP_FP8_VERSION_{name} {wheel_version(a.root, _toolchain(name, a.root))}")
+            print(f"STABLE_RTP_FP8_REVISION {source_revision(a.root)}")
+            print(f"STABLE_SOURCE_DATE_EPOCH {source_date_epoch(a.root)}")
+            return 0
         if a.emit:
             if a.output is None:
                 raise WheelError("--emit needs --output")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Bazel --workspace_status_command (.bazelrc): stable keys for stamped targets.
-# STABLE_RTP_FP8_REVISION is the commit, with -dirty when rtp_fp8/ or csrc/ has changes
-# (the same rule as tools/wheel.py's source_revision).
-rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-if [[ $rev != unknown && -n "$(git status --porcelain -- rtp_fp8 csrc 2>/dev/null)" ]]; then
-  rev="$rev-dirty"
-fi
-echo "STABLE_RTP_FP8_REVISION $rev"
-echo "STABLE_SOURCE_DATE_EPOCH $(git log -1 --format=%ct 2>/dev/null || echo 315532800)"
+# Bazel --workspace_status_command (.bazelrc): stable keys for stamped targets, from the code
+# ./dev wheel runs (tools/wheel.py --workspace-status):
+#   STABLE_RTP_FP8_VERSION_<toolchain>  the version of that toolchain's wheel: a release from a
+#       clean tagged commit, else a dev version with the commit and, where the tree differs from
+#       it anywhere, a digest of the difference; extension wheels add their CUDA label
+#   STABLE_RTP_FP8_REVISION             the commit, -dirty under the same whole-tree rule
+#   STABLE_SOURCE_DATE_EPOCH            the commit's time
+python3 tools/wheel.py --workspace-status || {
+  echo "STABLE_RTP_FP8_REVISION unknown"
+  echo "STABLE_SOURCE_DATE_EPOCH 315532800"
+}

@@ -44,7 +44,8 @@ def test_gpu_test_tags():
     assert t.attrs["exec_properties"] == {"test.Pool": "gpu"}
     assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "resources:gpu:1"]
     assert bazel_graph.expected_tags(["requires_network"]) == ["manual", "requires-network"]
-    assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == ["manual", "requires-network"]  # pip-installs
+    assert g.targets["//tests:tools_test_wheel_online"].attrs["tags"] == ["manual", "requires-network"]  # pip
+    assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == []  # its offline tests stay in //...
 
 
 @pytest.fixture
@@ -150,11 +151,14 @@ def test_cu_file_outside_the_extension_fails(copy):
     [
         ("csrc/BUILD.bazel", '    local_defines = ["NDEBUG"],',
          '    archs = ["sm_90a"],\n    local_defines = ["NDEBUG"],', "//csrc:per_token_group_quant_8bit: sets archs"),
-        ("BUILD.bazel", 'VERSION = "0.1.0"', 'VERSION = "0.1.1"', "//:wheel version '0.1.1' != rtp_fp8.__version__"),
+        ("BUILD.bazel", '    version = per_toolchain("{STABLE_RTP_FP8_VERSION_%s}"),', '    version = "0.1.0",',
+         "//:wheel: version must be per_toolchain('{STABLE_RTP_FP8_VERSION_%s}') with stamp = 1"),
+        ("tools/workspace_status.sh", "python3 tools/wheel.py --workspace-status", "echo 0.1.0",
+         "tools/workspace_status.sh must print the wheel versions"),
         ("MODULE.bazel", '    extra_hub_aliases = {"torch": ["torch_cc"]},\n    hub_name = "pypi_cuda13_0",',
          '    hub_name = "pypi_cuda13_0",', "pypi_cuda13_0 lacks the torch whl_modifications / torch_cc alias"),
     ],
-    ids=["archs-on-cuda_library", "wheel-version-drift", "torch_cc-alias-missing"],
+    ids=["archs-on-cuda_library", "wheel-version-fixed", "wheel-version-not-stamped", "torch_cc-alias-missing"],
 )
 def test_extension_and_wheel_drift_fails(copy, path, old, new, needle):
     _edit(copy / path, old, new)
