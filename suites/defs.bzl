@@ -18,6 +18,7 @@ TEST_PYPI = [
     "pytest",
     "safetensors",
     "torch",
+    "transformers",
     "triton",
 ]
 
