@@ -80,6 +80,8 @@ def render() -> str:
             data.append("//:repo_files")
         if re.search(r"^from scratch import ", path.read_text(encoding="utf-8"), re.M):
             data.append("//tests:scratch.py")
+        if '"README.md"' in path.read_text(encoding="utf-8") and "//:repo_files" not in data:
+            data.append("//:README.md")  # a test that runs the README's example
         if len(data) == 1:
             attrs["data"] = f'["{data[0]}"]'
         elif data:
