@@ -42,6 +42,7 @@ import torch
 
 from rtp_fp8 import accel
 from rtp_fp8 import arch as A
+from rtp_fp8.accel import parse_version
 
 log = logging.getLogger(__name__)
 MIN_VERSION = accel.MIN_VERSIONS["deep_gemm"]
@@ -49,14 +50,6 @@ REQUIRED = ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "get_mk_alignment
             "set_mk_alignment_for_contiguous_layout", "transform_sf_into_required_layout")
 MASKED_NAMES = ("m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked")  # current, legacy alias
 _MK_LOCK = threading.RLock()
-
-
-def parse_version(v: str) -> tuple[int, ...]:
-    """'2.6.1+54e2261' -> (2, 6, 1); the local part is ignored."""
-    m = re.match(r"(\d+(?:\.\d+)*)", v or "")
-    if not m:
-        raise ValueError(f"cannot parse version {v!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
 
 
 def parameters(fn) -> list[str] | None:

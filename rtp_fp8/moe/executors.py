@@ -236,6 +236,11 @@ class ContiguousExecutor(_Executor):
     def forward(self, x, topk_ids, topk_weights, consume_input: bool = False):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
+        return self.forward_quantized(q, s, topk_ids, topk_weights)
+
+    def forward_quantized(self, q, s, topk_ids, topk_weights):
+        """The forward from activations already quantized per token group (q FP8 [T, H], s in
+        this Arch's activation scale layout): what expert parallelism hands a rank."""
         lay, oidx = K.ep_dispatch(q, s, topk_ids, self.e, self.a, self.a_scales, self.alignment,
                                   expert_offset=self.expert_offset, num_global_experts=self.num_global,
                                   counters=self.counters, m_indices=self.m_indices,
@@ -277,14 +282,19 @@ class MaskedExecutor(_Executor):
     def forward(self, x, topk_ids, topk_weights, consume_input: bool = False):
         self._check(x, topk_ids, topk_weights)
         q, s = self._quantize_input(x, consume_input)
+        return self.forward_quantized(q, s, topk_ids, topk_weights)
+
+    def forward_quantized(self, q, s, topk_ids, topk_weights):
+        """As ContiguousExecutor.forward_quantized."""
         e, m = self.e, self.max_m
         lay = K.ep_masked_layout(topk_ids, e, m, expert_offset=self.expert_offset, num_global_experts=self.num_global,
                                  counters=self.counters)
         _, starts, masked_m, counters = lay
         oidx = K.ep_scatter(q, s, topk_ids, starts, self.a, self.a_scales, counters, ends=lay.ends, cursor=lay.cursor,
                             expert_offset=self.expert_offset, deterministic=self.deterministic, num_experts=e)
+        t = q.shape[0]
         del q, s
-        expected_m = max(1, min(m, -(-x.shape[0] * self.topk // e)))
+        expected_m = max(1, min(m, -(-t * self.topk // e)))
         ex = self.experts
         G.m_grouped_fp8_gemm_nt_masked(self.a.view(e, m, self.h), _batched(self.a_scales, e, m), ex.w13,
                                        ex.w13_scales, masked_m, expected_m=expected_m, out=self.gate_up)
