@@ -38,12 +38,12 @@ def gpu_tags(markers):
     """
     markers = [_tag(m) for m in markers]
     tags = sorted(markers)
-    if "gpu" in markers or [m for m in markers if m.startswith("gpu_sm")]:
+    if "gpu" in markers or "gpu_multi" in markers or [m for m in markers if m.startswith("gpu_sm")]:
         archs = [m for m in markers if m.startswith("gpu_sm")]
         if not archs:
             archs = ["gpu_" + a for a in ARCHS]
-        tags = sorted({t: 1 for t in (["gpu"] + archs + [m for m in markers if not m.startswith("gpu")])}.keys())
-        tags = tags + ["resources:gpu:1"]
+        tags = sorted({t: 1 for t in (["gpu"] + archs + [m for m in markers if not m.startswith("gpu_sm") and m != "gpu"])}.keys())
+        tags = tags + ["resources:gpu:2" if "gpu_multi" in markers else "resources:gpu:1"]
     if "requires-network" in tags:
         tags = sorted(tags + ["manual"])  # not in //... (= ./dev test, offline); run it by name
     return tags

@@ -29,13 +29,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         names = {m.name for m in item.iter_markers()}
         arch_marks = names & set(ARCH_MARKERS)
-        if arch_marks and "gpu" not in names:
+        if (arch_marks or "gpu_multi" in names) and "gpu" not in names:
             item.add_marker(pytest.mark.gpu)
             names.add("gpu")
         if "gpu" not in names:
             continue
         if not _HAS_CUDA:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none visible)"))
+        elif "gpu_multi" in names and torch.cuda.device_count() < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ GPUs of one host; this machine has "
+                                                    f"{torch.cuda.device_count()}"))
         elif arch_marks and tuple(cap) not in {ARCH_MARKERS[m] for m in arch_marks}:
             item.add_marker(
                 pytest.mark.skip(reason=f"needs {sorted(arch_marks)}; this GPU is sm_{cap[0]}{cap[1]}")

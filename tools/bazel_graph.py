@@ -338,9 +338,10 @@ def expected_tags(markers: list[str]) -> list[str]:
     ms = {"requires-network" if m == "requires_network" else m for m in markers}
     archs = {m for m in ms if m.startswith("gpu_sm")}
     tags = sorted(ms)
-    if "gpu" in ms or archs:
+    if "gpu" in ms or "gpu_multi" in ms or archs:
         archs = archs or {"gpu_sm90", "gpu_sm100", "gpu_sm120"}
-        tags = sorted({"gpu"} | archs | {m for m in ms if not m.startswith("gpu")}) + ["resources:gpu:1"]
+        extra = {m for m in ms if not m.startswith("gpu_sm") and m != "gpu"}
+        tags = sorted({"gpu"} | archs | extra) + ["resources:gpu:2" if "gpu_multi" in ms else "resources:gpu:1"]
     # a network test is manual: //... must equal ./dev test, which runs offline
     return sorted(tags + ["manual"]) if "requires-network" in tags else tags
 

@@ -14,7 +14,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MARKER_RE = re.compile(r"pytest\.mark\.(gpu(?:_sm\d+)?|requires_network)\b")
+MARKER_RE = re.compile(r"pytest\.mark\.(gpu(?:_sm\d+|_multi)?|requires_network)\b")
 
 
 def file_markers(path: pathlib.Path) -> list[str]:
