@@ -101,3 +101,70 @@ def real_deep_gemm():
         pytest.skip(f"the real DeepGEMM is not usable here: {caps.reason} (./dev gpu-test builds it from "
                     "the pinned archive when one is at hand)")
     return caps
+
+
+# ----------------------------------------------------------------------------- expert parallelism
+# One case of tests/moe/test_dist.py and test_dist_multigpu.py: W ranks own EP_E experts each.
+EP_H, EP_I, EP_E, EP_TOPK, EP_T = 128, 128, 2, 2, 6
+
+
+def ep_weights(world, device):
+    g = torch.Generator().manual_seed(1234)
+    n = world * EP_E
+    w_gate = (torch.randn(n, EP_I, EP_H, generator=g) * 0.05).to(device, torch.bfloat16)
+    w_up = (torch.randn(n, EP_I, EP_H, generator=g) * 0.05).to(device, torch.bfloat16)
+    w_down = (torch.randn(n, EP_H, EP_I, generator=g) * 0.05).to(device, torch.bfloat16)
+    return w_gate, w_up, w_down
+
+
+def ep_inputs(rank, world, device, case):
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(EP_T, EP_H, generator=g).to(device, torch.bfloat16)
+    ids = torch.stack([torch.randperm(world * EP_E, generator=g)[:EP_TOPK] for _ in range(EP_T)])
+    ids = ids.to(device, torch.int32)
+    if case == "overflow":  # every token to rank 0's experts: more rows than its slot block holds
+        ids = torch.stack([torch.randperm(EP_E, generator=g)[:EP_TOPK] for _ in range(EP_T)]).to(device, torch.int32)
+    if case == "invalid" and rank == world - 1:
+        ids[0, 0], ids[3, 1] = -1, world * EP_E + 3
+    w = torch.softmax(torch.randn(EP_T, EP_TOPK, generator=g), dim=-1).to(device)
+    return x, ids, w
+
+
+def ep_check_rank(rank, world, mode, case, device, capacity=None):
+    """Rank `rank`'s EPMoE output against a single-process FP8 MoE over all experts (same routing)
+    and the BF16 MoE; its counters against what it saw."""
+    from rtp_fp8.arch import Arch
+    from rtp_fp8.moe import dist as D
+    from rtp_fp8.moe import executors as X
+
+    arch = Arch(9, 0) if device == "cpu" else None
+    w_gate, w_up, w_down = ep_weights(world, device)
+    sl = slice(rank * EP_E, (rank + 1) * EP_E)
+    local = X.QuantizedExperts.from_bf16(w_gate[sl], w_up[sl], w_down[sl], arch)
+    ep = D.EPMoE(local, max_tokens=EP_T, topk=EP_TOPK, mode=mode, capacity=capacity)
+    x, ids, w = ep_inputs(rank, world, device, case)
+    y = ep(x, ids, w)
+
+    # the single-process FP8 MoE over all experts, same routing (invalid ids skipped and counted)
+    full = X.ContiguousExecutor(X.QuantizedExperts.from_bf16(w_gate, w_up, w_down, arch), EP_T, EP_TOPK)
+    want = full(x, ids, w)
+    ref = X.moe_reference(x, ids.long().clamp(-1, world * EP_E), w, w_gate, w_up, w_down)
+    counters = ep.read_counters()
+    n_invalid = int(((ids < 0) | (ids >= world * EP_E)).sum())
+    assert counters["invalid_ids"] == n_invalid, (rank, counters)
+    assert full.read_counters()["invalid_ids"] == n_invalid
+    if case == "overflow":
+        owner = torch.where((ids >= 0) & (ids < world * EP_E), ids.long() // EP_E, -1)
+        need = (owner[:, :, None] == torch.arange(world, device=device)).any(1)
+        slot = need.int().cumsum(0) - 1
+        lost = need & (slot >= capacity)
+        assert counters["overflow"] == int(lost.sum()), (rank, counters)
+        kept = ~lost.any(1)  # tokens whose every destination had room are whole
+        assert rel_l2(y[kept].float(), want[kept].float()) < 1e-2
+        return
+    assert counters["overflow"] == 0
+    # bf16 rounding of each rank's partial sum is the only difference from the single-process FP8 MoE
+    assert rel_l2(y.float(), want.float()) < 1e-2, (rank, rel_l2(y.float(), want.float()))
+    assert rel_l2(y.float(), ref.float()) < 0.08  # FP8 noise against the BF16 MoE
+
+
