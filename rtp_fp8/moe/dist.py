@@ -25,8 +25,13 @@ row that does not fit a slot block is counted as overflow there (`counters`: int
 device, `read_counters()`), never dropped silently. Empty slots and experts of other ranks carry
 the id W*E, which no rank owns (the executors run with num_global_experts = W*E + 1 and skip it).
 
-DeepEP (deepseek-ai/DeepEP) is detected like DeepGEMM (`deepep_capabilities()`); its adapter is
-not written yet, so the torch.distributed path runs and the bypass is logged once.
+DeepEP (deepseek-ai/DeepEP, V1 `Buffer` API as of the pinned v1.2.1) is detected like DeepGEMM
+(`deepep_capabilities()`). Where it is usable, on CUDA, the low-latency mode goes through its
+`low_latency_dispatch` (FP8 with the Arch's scales: FP32, or UE8M0 with round_scale) and
+`low_latency_combine`: its receive tensor [local experts, W x max_tokens, H] with per-expert counts
+is exactly the masked GEMMs' input. Its normal mode needs host-side counts per expert (not
+capturable, like ours) and is not adapted: the torch.distributed normal mode runs. `backend=`
+("torch" or "deepep") or RTP_FP8_EP_BACKEND forces one; the choice is logged once.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from rtp_fp8.quant import token_group as T
 
 log = logging.getLogger(__name__)
 MODE_ENV = "RTP_FP8_EP_MODE"
+BACKEND_ENV = "RTP_FP8_EP_BACKEND"
 MODES = ("low_latency", "normal")
 _logged: set[str] = set()
 
@@ -73,7 +79,9 @@ def deepep_capabilities() -> tuple[bool, str]:
                if not callable(getattr(buf, m, None))]
     if missing:
         return False, f"deep_ep {version}: Buffer lacks {', '.join(missing)}"
-    return False, f"deep_ep {version} found; rtp_fp8's DeepEP adapter is not written yet"
+    if not callable(getattr(buf, "get_low_latency_rdma_size_hint", None)):
+        return False, f"deep_ep {version}: Buffer lacks get_low_latency_rdma_size_hint"
+    return True, ""
 
 
 def row_bytes(hidden: int, topk: int, scale_format: str, group: int = 128) -> int:
@@ -104,7 +112,8 @@ class EPMoE:
     """One MoE layer across an expert-parallel group (see the module doc)."""
 
     def __init__(self, experts: X.QuantizedExperts, group=None, *, max_tokens: int, topk: int,
-                 mode: str | None = None, capacity: int | None = None, group_size: int = 128):
+                 mode: str | None = None, capacity: int | None = None, group_size: int = 128,
+                 backend: str | None = None):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
         if not isinstance(experts, X.QuantizedExperts):
@@ -118,8 +127,6 @@ class EPMoE:
         self.capacity = max_tokens if capacity is None else capacity
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-        ok, why = deepep_capabilities()
-        _log_once(f"DeepEP bypassed: {why}; torch.distributed ({dist.get_backend(group)}) carries the tokens")
         self.experts, self.arch = experts, experts.arch
         self.e, self.h, self.topk, self.max_tokens, self.gs = experts.num_experts, experts.hidden, topk, max_tokens, \
             group_size
@@ -137,11 +144,32 @@ class EPMoE:
         self._ids_cols = slice(ids_at, ids_at + 4 * topk)
         self._null_row = torch.full((topk,), self.null_id, dtype=torch.int32, device=self.device).view(torch.uint8)
         kw = dict(expert_offset=self.rank * self.e, num_global_experts=self.num_global + 1, group=group_size)
+        self.backend = self._choose_backend(backend)
+        self.deepep = _DeepEPLowLatency(self) if self.backend == "deepep" else None
         if self.mode == "low_latency":
             rows = self.world * self.capacity
             self.executor = X.MaskedExecutor(experts, rows, topk, max_m=rows, **kw)
         else:
             self.executor = X.ContiguousExecutor(experts, self.world * max_tokens, topk, **kw)
+
+    def _choose_backend(self, backend):
+        forced = backend or os.environ.get(BACKEND_ENV) or None
+        if forced not in (None, "torch", "deepep"):
+            raise ValueError(f"backend ({BACKEND_ENV}) must be 'torch' or 'deepep', got {forced!r}")
+        ok, why = deepep_capabilities()
+        if ok and self.mode != "low_latency":
+            ok, why = False, "its normal mode is not adapted (host-side counts per expert)"
+        if ok and self.device.type != "cuda":
+            ok, why = False, f"DeepEP needs CUDA tensors, the experts are on {self.device}"
+        if ok and self.capacity != self.max_tokens:
+            ok, why = False, "DeepEP's low-latency buffers hold max_tokens per rank (capacity must equal it)"
+        if forced == "deepep" and not ok:
+            raise ValueError(f"backend 'deepep' was forced but cannot run: {why}")
+        if forced == "torch" or not ok:
+            _log_once(f"DeepEP bypassed: {why or 'torch forced'}; torch.distributed carries the tokens")
+            return "torch"
+        _log_once(f"DeepEP low-latency dispatch/combine ({self.world} ranks)")
+        return "deepep"
 
     # ------------------------------------------------------------------ helpers
 
@@ -192,6 +220,8 @@ class EPMoE:
 
     def __call__(self, x, topk_ids, topk_weights):
         self._check(x, topk_ids, topk_weights)
+        if self.deepep is not None:
+            return self.deepep(x, topk_ids, topk_weights)
         q, s = T.per_token_group_quant(x, self.gs, scale_layout=self.layout)
         valid, need = self._routes(topk_ids)
         ids = torch.where(valid, topk_ids.long(), self.null_id).to(torch.int32)
@@ -254,3 +284,46 @@ class EPMoE:
         and rows that did not fit (a slot block on the way out, or an expert's rows here)."""
         inv, ovf = self.counters.tolist()
         return {"invalid_ids": inv, "overflow": ovf}
+
+
+class _DeepEPLowLatency:
+    """EPMoE's low-latency mode through DeepEP's V1 Buffer: dispatch hands each local expert its
+    received FP8 rows ([E, W x max_tokens, H], scales column-major per expert) and counts, which are
+    the masked GEMMs' operands and masked_m; combine reduces the BF16 expert outputs with the top-k
+    weights back on the source ranks. Invalid ids are counted here and passed as -1 (DeepEP skips them)."""
+
+    def __init__(self, ep: EPMoE):
+        import deep_ep
+
+        self.ep = ep
+        e, w, c, h = ep.e, ep.world, ep.max_tokens, ep.h
+        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(c, h, w, ep.num_global)
+        self.buffer = deep_ep.Buffer(ep.group, num_rdma_bytes=hint, low_latency_mode=True, num_qps_per_rank=e)
+        self.ue8m0 = ep.layout == "ue8m0"
+        m, i, dev = w * c, ep.experts.inter, ep.device
+        self.gate_up = torch.empty(e, m, 2 * i, dtype=torch.bfloat16, device=dev)
+        self.act_q = torch.empty(e * m, i, dtype=torch.float8_e4m3fn, device=dev)
+        self.act_s = L.alloc_scales((), e * m, i // ep.gs, ep.layout, dev, zero=True)
+        self.down = torch.empty(e, m, h, dtype=torch.bfloat16, device=dev)
+
+    def __call__(self, x, topk_ids, topk_weights):
+        from rtp_fp8.gemm.triton import block_scaled as G
+
+        ep = self.ep
+        ids = topk_ids.long()
+        valid = (ids >= 0) & (ids < ep.num_global)
+        ep.counters[0] += (~valid).sum().to(torch.int32)
+        idx = torch.where(valid, ids, -1)
+        (q, s), recv_count, handle, _, _ = self.buffer.low_latency_dispatch(
+            x.to(torch.bfloat16), idx, ep.max_tokens, ep.num_global, use_fp8=True, round_scale=self.ue8m0,
+            use_ue8m0=self.ue8m0)
+        e, m = q.shape[0], q.shape[1]
+        masked_m = recv_count.to(torch.int32).contiguous()
+        expected_m = max(1, min(m, -(-x.shape[0] * ep.topk // max(1, e))))
+        ex = ep.experts
+        G.m_grouped_fp8_gemm_nt_masked(q, s, ex.w13, ex.w13_scales, masked_m, expected_m=expected_m, out=self.gate_up)
+        T.silu_mul_quant_into(self.gate_up.reshape(-1, 2 * ex.inter), self.act_q, self.act_s, ep.gs, ep.layout)
+        G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, ex.inter), X._batched(self.act_s, e, m), ex.w2,
+                                       ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
+        out, _, _ = self.buffer.low_latency_combine(self.down, idx, topk_weights.float(), handle)
+        return out.to(x.dtype)

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import EP_T, EP_TOPK, ep_check_rank, ep_inputs, ep_weights
+from helpers import DEVICES, EP_T, EP_TOPK, ep_check_rank, ep_inputs, ep_weights, rel_l2
+from rtp_fp8.arch import Arch
 from rtp_fp8.moe import dist as D
 from rtp_fp8.moe import executors as X
 
@@ -54,6 +55,100 @@ def test_bad_arguments_are_named():
         del os.environ[D.MODE_ENV]
 
 
+class _StandInBuffer:
+    """deep_ep.Buffer's V1 low-latency contract (v1.2.1 docstrings) for one rank: a test double of
+    the layout and semantics the adapter relies on, not evidence about DeepEP itself."""
+
+    made = []
+
+    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24):
+        assert low_latency_mode and num_rdma_bytes > 0
+        self.num_qps_per_rank = num_qps_per_rank
+        _StandInBuffer.made.append(self)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(max_tokens, hidden, num_ranks, num_experts):
+        return 2 * max_tokens * num_ranks * num_experts * hidden
+
+    def dispatch(self, *a, **k):
+        raise AssertionError("normal mode is not adapted")
+
+    combine = dispatch
+
+    def low_latency_dispatch(self, x, topk_idx, max_tokens, num_experts, use_fp8=True, round_scale=False,
+                             use_ue8m0=False, **kw):
+        from rtp_fp8.quant import reference as QR
+        from rtp_fp8.quant import ue8m0
+
+        assert use_fp8 and topk_idx.dtype == torch.int64 and x.dtype == torch.bfloat16
+        h, groups = x.shape[1], x.shape[1] // 128
+        q, s = QR.per_token_group_quant_ref(x, 128, pow2=round_scale)
+        q, s = q.to(x.device), s.to(x.device)
+        recv_q = torch.zeros(num_experts, max_tokens, h, dtype=torch.float8_e4m3fn, device=x.device)
+        cols = -(-groups // 4) if use_ue8m0 else groups
+        dtype = torch.int32 if use_ue8m0 else torch.float32
+        recv_s = torch.zeros(num_experts, cols, max_tokens, dtype=dtype, device=x.device).transpose(1, 2)
+        count = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
+        where = []
+        for e in range(num_experts):
+            rows = (topk_idx == e).any(1).nonzero().flatten()
+            recv_q[e, :len(rows)] = q[rows]
+            recv_s[e, :len(rows)] = ue8m0.pack(s[rows]) if use_ue8m0 else s[rows]
+            count[e] = len(rows)
+            where.append(rows)
+        return (recv_q, recv_s), count, where, None, None
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, **kw):
+        out = torch.zeros(topk_idx.shape[0], x.shape[2], dtype=torch.float32, device=x.device)
+        for e, rows in enumerate(handle):
+            w = (topk_weights * (topk_idx == e)).sum(1)[rows]
+            out[rows] += w[:, None] * x[e, :len(rows)].float()
+        return out.to(torch.bfloat16), None, None
+
+
+def _stand_in_deep_ep():
+    import types
+
+    m = types.ModuleType("deep_ep")
+    m.__version__ = "1.2.1"
+    m.Buffer = _StandInBuffer
+    return m
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", [Arch(9, 0), Arch(10, 0)], ids=["fp32", "ue8m0"])
+def test_deepep_adapter_against_a_stand_in(device, arch, tmp_path, monkeypatch):
+    """The DeepEP low-latency adapter (one rank): the stand-in's receive tensor and counts feed the
+    masked GEMMs, combine reduces with the weights; against the single-process FP8 MoE."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "deep_ep", _stand_in_deep_ep())
+    assert D.deepep_capabilities() == (True, "")
+    backend = "gloo" if device == "cpu" else "nccl"
+    dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        w_gate, w_up, w_down = ep_weights(1, device)
+        experts = X.QuantizedExperts.from_bf16(w_gate, w_up, w_down, arch)  # either format on any device
+        if device == "cpu":  # DeepEP needs CUDA: forcing it here is refused, naming why
+            with pytest.raises(ValueError, match="backend 'deepep' was forced but cannot run: DeepEP needs CUDA"):
+                D.EPMoE(experts, max_tokens=EP_T, topk=EP_TOPK, backend="deepep")
+            ep = D.EPMoE(experts, max_tokens=EP_T, topk=EP_TOPK, backend="torch")
+            ep.deepep = D._DeepEPLowLatency(ep)
+        else:
+            ep = D.EPMoE(experts, max_tokens=EP_T, topk=EP_TOPK, backend="deepep")
+            assert ep.backend == "deepep"
+        assert _StandInBuffer.made[-1].num_qps_per_rank == experts.num_experts
+        x, ids, w = ep_inputs(0, 1, device, "invalid")
+        y = ep(x, ids, w)
+        want = X.ContiguousExecutor(experts, EP_T, EP_TOPK)(x, ids, w)
+        assert rel_l2(y.float(), want.float()) < 1e-2
+        assert ep.read_counters()["invalid_ids"] == 2
+        with pytest.raises(ValueError, match="its normal mode is not adapted"):
+            D.EPMoE(experts, max_tokens=EP_T, topk=EP_TOPK, mode="normal", backend="deepep")
+    finally:
+        dist.destroy_process_group()
+
+
 def test_deepep_detection_with_stand_ins(monkeypatch):
     import sys
     import types
@@ -68,7 +163,9 @@ def test_deepep_detection_with_stand_ins(monkeypatch):
     fake.Buffer = type("Buffer", (), {"dispatch": lambda self: None, "combine": lambda self: None})
     assert D.deepep_capabilities()[1] == "deep_ep 1.2.1: Buffer lacks low_latency_dispatch, low_latency_combine"
     fake.Buffer.low_latency_dispatch = fake.Buffer.low_latency_combine = lambda self: None
-    assert D.deepep_capabilities() == (False, "deep_ep 1.2.1 found; rtp_fp8's DeepEP adapter is not written yet")
+    assert D.deepep_capabilities()[1] == "deep_ep 1.2.1: Buffer lacks get_low_latency_rdma_size_hint"
+    fake.Buffer.get_low_latency_rdma_size_hint = staticmethod(lambda *a: 1)
+    assert D.deepep_capabilities() == (True, "")
 
 
 @pytest.mark.gpu
