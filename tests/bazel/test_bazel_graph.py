@@ -43,6 +43,8 @@ def test_gpu_test_tags():
     assert t.attrs["tags"] == ["gpu", "gpu_sm100", "gpu_sm120", "gpu_sm90", "resources:gpu:1"]
     assert t.attrs["exec_properties"] == {"test.Pool": "gpu"}
     assert bazel_graph.expected_tags(["gpu_sm100"]) == ["gpu", "gpu_sm100", "resources:gpu:1"]
+    assert g.targets["//tests:moe_test_dist_multigpu"].attrs["tags"] == [
+        "gpu", "gpu_multi", "gpu_sm100", "gpu_sm120", "gpu_sm90", "resources:gpu:2"]  # asks Bazel for 2 GPUs
     assert bazel_graph.expected_tags(["requires_network"]) == ["manual", "requires-network"]
     assert g.targets["//tests:tools_test_wheel_online"].attrs["tags"] == ["manual", "requires-network"]  # pip
     assert g.targets["//tests:tools_test_wheel"].attrs["tags"] == []  # its offline tests stay in //...
@@ -255,8 +257,10 @@ def test_arch_suites_select_what_pytest_selects(copy):
          "//deps:cpu.online_test: requires-network but not manual"),
         ("deps/BUILD.bazel", '    env_inherit = ["PIP_FIND_LINKS"],\n', "",
          "//deps:cpu.online_test: does not inherit PIP_FIND_LINKS"),
-        ("suites/defs.bzl", '        tags = tags + ["resources:gpu:1"]',
-         '        tags = tags + ["exclusive-if-local", "resources:gpu:1"]', "exclusive-if-local also serialises"),
+        ("suites/defs.bzl",
+         '        tags = tags + ["resources:gpu:2" if "gpu_multi" in markers else "resources:gpu:1"]',
+         '        tags = tags + ["exclusive-if-local", "resources:gpu:2" if "gpu_multi" in markers else '
+         '"resources:gpu:1"]', "exclusive-if-local also serialises"),
     ],
     ids=["no-alwayslink", "O3-in-copts", "glob-of-built-so", "network-test-in-wildcard", "no-find-links",
          "exclusive-if-local"],

@@ -170,16 +170,25 @@ def _fp8_gemm_tma_kernel(
     stride_dm, stride_dn, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, stride_ws=0,
 ):
     """Dense and m-grouped contiguous, persistent (NUM_PROGS programs walk the tiles) with TMA
     loads (out-of-range rows and K are zero-filled by the copy engine). B is viewed as
     [E * N, K]: a tile's rows past N belong to the next expert and only feed columns that are
-    never stored. Same numerics, counters and zero tiles as _fp8_gemm_kernel."""
+    never stored. Same numerics, counters and zero tiles as _fp8_gemm_kernel.
+
+    SPLIT_K > 1 (dense only): work item (tile, s) sums the s-th of SPLIT_K equal runs of K
+    blocks and stores its FP32 partial at d_ptr + s * stride_ws; the caller adds the partials
+    in a fixed order."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     num_tiles = TILES_M * tiles_n
     nk = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=True):
+    per_split = tl.cdiv(nk, SPLIT_K)
+    for item in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_PROGS, flatten=True):
+        tile = item // SPLIT_K
+        split = item % SPLIT_K
+        k_lo = split * per_split
+        k_hi = tl.minimum(nk, k_lo + per_split)
         pid_m, pid_n = _swizzled_tile(tile, TILES_M, tiles_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -192,7 +201,7 @@ def _fp8_gemm_tma_kernel(
             e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         sb_base = sb_ptr + e * stride_sbe
-        for kb in tl.range(0, tl.where(tile_valid, nk, 0), num_stages=STAGES):  # invalid tiles: no K steps
+        for kb in tl.range(k_lo, tl.where(tile_valid, k_hi, k_lo), num_stages=STAGES):  # invalid tiles: no K steps
             a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
             b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
             sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
@@ -200,7 +209,7 @@ def _fp8_gemm_tma_kernel(
                            PACKED_B, BLOCK_N)
         if MODE == 1:
             acc = tl.where(row_ok[:, None], acc, 0.0)
-        d_ptrs = d_ptr + rows[:, None] * stride_dm + cols[None, :] * stride_dn
+        d_ptrs = d_ptr + split * stride_ws + rows[:, None] * stride_dm + cols[None, :] * stride_dn
         tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
@@ -370,9 +379,34 @@ def _tma_ok(*tensors) -> bool:
                for t in tensors)
 
 
+SPLIT_K_MIN_BLOCKS = 16  # K blocks each split keeps at least (the pipeline's depth needs a run)
+SPLIT_K_MAX = 4
+
+
+def split_k(mode, tiles: int, nk: int, sms: int | None) -> int:
+    """Splits of K for a dense grid too small for the GPU (sms None: no GPU, the interpreter): as
+    many as fill the SMs (at most SPLIT_K_MAX) while each split keeps SPLIT_K_MIN_BLOCKS K blocks;
+    1 otherwise. FORCE_SPLIT_K overrides (dense only)."""
+    if mode != DENSE:
+        return 1
+    if FORCE_SPLIT_K is not None:
+        return FORCE_SPLIT_K
+    if sms is None or 2 * tiles > sms:
+        return 1
+    return max(1, min(SPLIT_K_MAX, sms // tiles, nk // SPLIT_K_MIN_BLOCKS))
+
+
+FORCE_SPLIT_K = None  # tests set it to run the split path on any shape (and under the interpreter)
+
+
 def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
                 stages, group_m) -> bool:
-    """Dense / contiguous through the persistent TMA kernel; False when it does not apply."""
+    """Dense / contiguous through the persistent TMA kernel; False when it does not apply.
+
+    A dense grid with fewer than half as many tiles as SMs splits K (split_k): the partials go
+    to an FP32 workspace [S, M, N] and are added in split order, then rounded to BF16 once. The
+    summation order differs from the unsplit kernel by that one regrouping (FP32 partials of
+    consecutive K-block runs), so the BF16 result can differ from it in the last bit."""
     if not USE_TMA or not b.is_contiguous() or not _tma_ok(a, b):
         return False
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -381,14 +415,20 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
-    progs = tiles if triton_env.interpreting() else min(tiles, A.num_sms(a.device.index or 0))
+    sms = None if triton_env.interpreting() else A.num_sms(a.device.index or 0)
+    splits = split_k(mode, tiles, cdiv(k, bk), sms)
+    target = d if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=d.device)
+    progs = tiles * splits if sms is None else min(tiles * splits, sms)
     sb_e, sb_n, sb_k = _strides3(sb)
     _fp8_gemm_tma_kernel[(progs,)](
-        a_desc, b_desc, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
-        d.stride(0), d.stride(1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
+        a_desc, b_desc, target, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
+        target.stride(-2), target.stride(-1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, STAGES=stages, num_warps=warps,
+        SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0,
     )
+    if splits > 1:
+        d.copy_(target.sum(dim=0))  # a fixed-order reduction over the splits, one rounding to BF16
     return True
 
 
