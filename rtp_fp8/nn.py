@@ -20,7 +20,9 @@ powers of two (what `from_linear` writes for those archs), else through the lega
 Each call quantizes the input per 1x128 token group in the Arch's layout and runs the backend
 `rtp_fp8.gemm.backends.select` picks (DeepGEMM where it serves the Arch and shape, Triton
 otherwise); any leading dims; the output has the input's dtype (the GEMM accumulates in FP32 and
-rounds to BF16 first). `prepare()` derives the operands eagerly, so a CUDA graph captured
+rounds to BF16 first). The work is one torch.library op, `torch.ops.rtp_fp8.fp8_linear` (with a
+fake implementation), so torch.compile sees the module whole. `prepare()` derives the operands
+eagerly (it syncs once, checking the scales), so a CUDA graph captured or a model compiled
 afterwards holds no host sync.
 """
 
@@ -64,6 +66,24 @@ ROW = ("o_proj", "down_proj", "out_proj", "attention.output.dense", "output.dens
 
 def _log_once(key: str, msg: str, *args) -> None:
     log_once(log, _logged, key, msg, *args)
+
+
+@torch.library.custom_op("rtp_fp8::fp8_linear", mutates_args=())
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, arch_major: int,
+               arch_minor: int, backend: str) -> torch.Tensor:
+    """x [M, K] -> [M, N] in x's dtype: per-token-group quantization in the Arch's layout, the
+    backend's GEMM with the Arch's weight operands (q, s), bias. One opaque op for torch.compile."""
+    arch = A.Arch(arch_major, arch_minor)
+    a, sa = T.per_token_group_quant(x, BLOCK, scale_layout=activation_scale_layout(arch))
+    y = BK.get(backend, arch, x.device).gemm_nt(a, sa, q, s)
+    if bias is not None:
+        y = (y.float() + bias.float()).to(torch.bfloat16)
+    return y.to(x.dtype)
+
+
+@fp8_linear.register_fake
+def _(x, q, s, bias, arch_major, arch_minor, backend):
+    return x.new_empty(x.shape[0], q.shape[0])
 
 
 class FP8Linear(nn.Module):
@@ -197,11 +217,10 @@ class FP8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
             return x.new_zeros(*lead, self.out_features)
-        a, sa = T.per_token_group_quant(x2.contiguous(), BLOCK, scale_layout=run["layout"])
-        y = run["backend"].gemm_nt(a, sa, run["q"], run["s"])
-        if self.bias is not None:
-            y = (y.float() + self.bias.float()).to(torch.bfloat16)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        arch = run["arch"]
+        y = torch.ops.rtp_fp8.fp8_linear(x2.contiguous(), run["q"], run["s"], self.bias, arch.major, arch.minor,
+                                         run["backend_name"])
+        return y.reshape(*lead, self.out_features)
 
 
 # ---------------------------------------------------------------------- model conversion

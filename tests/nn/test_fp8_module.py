@@ -368,3 +368,20 @@ def test_deepgemm_and_triton_backends_agree():
     assert a.prepare()["backend_name"] == "deepgemm" and b.prepare()["backend_name"] == "triton"
     x = torch.randn(33, 512, generator=torch.Generator().manual_seed(21)).to("cuda", torch.bfloat16)
     assert rel_l2(a(x), b(x)) < 2e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_sees_one_op(device):
+    """The forward is one torch.library op with a fake implementation: torch.compile traces a model
+    of FP8Linears whole (fullgraph) once prepare() ran, and gives the eager bits; the fake
+implementation agrees with the real one (opcheck's fake-tensor test)."""
+    model = nn.Sequential(_linear(256, 256, True, device, seed=22), nn.ReLU(), _linear(256, 128, False, device, 23))
+    fp8nn.quantize_model(model, arch=Arch(9, 0))
+    x = torch.randn(2, 4, 256, generator=torch.Generator().manual_seed(24)).to(device, torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)  # eager: prepares the operands
+        got = torch.compile(model, backend="eager", fullgraph=True)(x)
+    assert_bits_equal(got, want, "compiled")
+    run = model[0].prepare()
+    torch.library.opcheck(torch.ops.rtp_fp8.fp8_linear, (x.reshape(8, 256), run["q"], run["s"], model[0].bias, 9, 0,
+                                                          run["backend_name"]), test_utils="test_faketensor")
