@@ -34,6 +34,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def runs_on(device) -> bool:
+    """Whether Triton kernels can take tensors on `device`: CUDA ones, or CPU ones under the
+    interpreter. The one statement of that rule (GEMM backends and the quantizer ask it)."""
+    return getattr(device, "type", str(device).split(":")[0]) == "cuda" or interpreting()
+
+
 @functools.cache
 def _fp8_grid(exp_bits: int, man_bits: int, bias: int, fn: bool):
     """Sorted non-negative values of an fp8 format, their codes, and the NaN code.

@@ -138,3 +138,14 @@ def test_maximum_minimum_ignore_nan_like_the_gpu():
     _maxmin_kernel[(1,)](x, y, mx, mn, BLOCK=8)
     torch.testing.assert_close(mx.cpu(), torch.fmax(x, y).cpu(), equal_nan=True)
     torch.testing.assert_close(mn.cpu(), torch.fmin(x, y).cpu(), equal_nan=True)
+
+
+def test_runs_on_is_the_one_device_rule(monkeypatch):
+    """Triton takes CUDA tensors always and CPU tensors only under the interpreter; the GEMM
+    backends and the quantizer all ask triton_env.runs_on."""
+    import torch
+
+    for on in (True, False):
+        monkeypatch.setattr(triton_env, "interpreting", lambda on=on: on)
+        assert triton_env.runs_on(torch.device("cuda", 0)) and triton_env.runs_on("cuda:1")
+        assert triton_env.runs_on(torch.device("cpu")) is on and triton_env.runs_on("cpu") is on

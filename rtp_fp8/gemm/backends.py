@@ -96,7 +96,7 @@ class Backend:
 
 def _triton_device(a) -> None:
     """ValueError unless Triton can read a: CUDA tensors, CPU ones only under the interpreter."""
-    if isinstance(a, torch.Tensor) and not a.is_cuda and not triton_env.interpreting():
+    if isinstance(a, torch.Tensor) and not triton_env.runs_on(a.device):
         raise ValueError(f"a is on {a.device}: the triton backend needs CUDA tensors, or TRITON_INTERPRET=1 "
                          "(set before import) for CPU ones; the reference backend runs on the CPU")
 
@@ -155,8 +155,7 @@ def unavailable_reason(name: str, arch: A.Arch, n: int | None = None, k: int | N
     """'' when backend `name` can run for arch (and shape, and tensors on `device` when given), else why not."""
     if name not in NAMES:
         raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
-    if name == "triton" and device is not None and torch.device(device).type != "cuda" \
-            and not triton_env.interpreting():
+    if name == "triton" and device is not None and not triton_env.runs_on(torch.device(device)):
         return f"Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 for {torch.device(device).type} ones"
     if name != "deepgemm":
         return ""

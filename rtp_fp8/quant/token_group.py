@@ -243,12 +243,12 @@ def choose_backend(x: torch.Tensor, backend: str | None, supported: bool = True)
 
             raise ValueError(f"backend='cuda' needs a CUDA input and the compiled extension "
                              f"({_ext.unavailable_reason() or 'input is not on CUDA'})")
-        if backend == "triton" and not x.is_cuda and not triton_env.interpreting():
+        if backend == "triton" and not triton_env.runs_on(x.device):
             raise ValueError(f"backend='triton' needs a CUDA input, or TRITON_INTERPRET=1 for a CPU one; x is on "
                              f"{x.device}")
         return backend
     if not x.is_cuda:  # CPU: Triton only under its interpreter, else the plain-torch oracle
-        return "triton" if triton_env.interpreting() else "reference"
+        return "triton" if triton_env.runs_on(x.device) else "reference"
     return "cuda" if supported and _cuda_ext_available() else "triton"
 
 
