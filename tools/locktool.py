@@ -191,7 +191,8 @@ class Problem(str):
         return obj
 
 
-PLATFORM_LINE = "# Resolved for Linux x86_64, CPython {python} only: dev and tools/lock refuse to install it elsewhere."
+PLATFORM_LINE = (f"# Resolved for {PLATFORM}, CPython {{python}} only: dev and tools/lock refuse to install it "
+                 "elsewhere.")
 
 
 def header_lines(ls: tcmod.LockSet) -> list[str]:
@@ -246,15 +247,12 @@ def _lock_grammar(ls: tcmod.LockSet, lines: list[str]) -> list[str]:
 def _differs_from_head(root: pathlib.Path, rel: str) -> bool:
     """Whether a tracked file of a git checkout at `root` differs from HEAD (False outside git)."""
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
-                             timeout=10)
+        top = _git(root, "rev-parse", "--show-toplevel")
         if top.returncode != 0 or pathlib.Path(top.stdout.strip()).resolve() != root.resolve():
             return False
-        proc = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", rel], cwd=root, capture_output=True,
-                              timeout=10)
+        return _git(root, "diff", "--quiet", "HEAD", "--", rel).returncode == 1
     except (OSError, subprocess.SubprocessError):
         return False
-    return proc.returncode == 1
 
 
 def check_offline(ls: tcmod.LockSet, cfg: tcmod.Config, root: pathlib.Path,
@@ -344,11 +342,10 @@ def check_offline(ls: tcmod.LockSet, cfg: tcmod.Config, root: pathlib.Path,
             continue
         e = entries.get(name)
         if e is None:
-            problems.append(Problem(f"{ls.lock}: {name} (required by {f}:{line}) is missing", restore
-                                    if restore != update else update))
+            problems.append(Problem(f"{ls.lock}: {name} (required by {f}:{line}) is missing", restore))
         elif e["version"] != version:
             problems.append(Problem(f"{ls.lock}:{e['line']}: {name}=={e['version']} but {f}:{line} pins {version}",
-                                    update if input_problems or restore == update else restore))
+                                    update if input_problems else restore))
         elif not any(v == f"-r {f}" for v in e["via"]):
             problems.append(Problem(f"{ls.lock}:{e['line']}: {name} lacks the annotation '-r {f}'", restore))
 
@@ -359,7 +356,7 @@ def check_offline(ls: tcmod.LockSet, cfg: tcmod.Config, root: pathlib.Path,
             if e is None or e["version"] != want:
                 problems.append(Problem(f"{ls.lock}: {pkg}=={e['version'] if e else None} but "
                                         f"toolchains.{ls.name}.{pkg} = {want}",
-                                        update if input_problems or restore == update else restore))
+                                        update if input_problems else restore))
     else:
         for pkg, want in (("pip", cfg.pip_version), ("pip-tools", cfg.pip_tools_version)):
             e = entries.get(pkg)
@@ -518,8 +515,9 @@ def pip_compile(ls: tcmod.LockSet, cfg: tcmod.Config, root: pathlib.Path, out: p
     # that would make the bytes depend on where the repo lives, as rules_python does.
     lines = out.read_text(encoding="utf-8").replace(str(root) + os.sep, "").splitlines(keepends=True)
     want = [ln + "\n" for ln in header_lines(ls)]
-    if [ln for ln in lines[:_PIP_COMPILE_HEADER]] != want[:_PIP_COMPILE_HEADER]:
-        raise LockError(f"{ls.input}: pip-compile wrote an unexpected header: {''.join(lines[:6])!r}")
+    if lines[:_PIP_COMPILE_HEADER] != want[:_PIP_COMPILE_HEADER]:
+        raise LockError(f"{ls.input}: pip-compile wrote an unexpected header: "
+                        f"{''.join(lines[:_PIP_COMPILE_HEADER])!r}")
     out.write_text("".join(want + lines[_PIP_COMPILE_HEADER:]), encoding="utf-8")
 
 
@@ -666,24 +664,24 @@ def verify(names: list[str], cfg: tcmod.Config, root: pathlib.Path, find_links: 
         entries = parse_lock(lock_path.read_text(encoding="utf-8"))
         download = set(entries) if download_all else set(changed_entries(ls, root, entries, base))
         finder = lockverify.Finder([ls.index_url, *ls.extra_index_urls], find_links)
-        problems, notes = lockverify.provenance(ls.lock, entries, finder, ls.python, download)
+        problems, fetched = lockverify.provenance(ls.lock, entries, finder, ls.python, download)
         if closure:
             problems += lockverify.completeness(ls.lock, entries, finder, ls.python)
         for url, why in finder.down.items():
-            notes.insert(0, f"{url} unreachable ({why}); its files were taken from the local wheel folders "
-                            f"{find_links or '(none given)'}")
-        for n in notes:
-            if "downloaded and hashed" not in n or "local wheel folder" in n:
-                print(f"     {ls.lock}: {n}")
+            print(f"     {ls.lock}: {url} unreachable ({why}); its files were taken from the local wheel folders "
+                  f"{find_links or '(none given)'}")
+        for f in fetched:
+            if f.get("local"):
+                print(f"     {ls.lock}: {f['filename']} hashed from the local wheel folder (its index is unreachable)")
         if problems:
             failed = True
             fix = (f"git checkout -- {ls.lock}" if _differs_from_head(root, ls.lock)
                    else f"tools/lock update {name} (hashes are taken fresh from the index)")
             _print_problems([Problem(p, fix) for p in problems], ls, root)
         else:
-            fetched = sum("downloaded and hashed" in n for n in notes)
             hashes = sum(len(e["hashes"]) for e in entries.values())
-            print(f"ok   {ls.lock} (index: {len(entries)} entries, {hashes} hashes published; {fetched} files of "
+            print(f"ok   {ls.lock} (index: {len(entries)} entries, {hashes} hashes published; {len(fetched)} "
+                  f"files of "
                   f"{len(download)} changed entries downloaded and hashed"
                   f"{'; dependencies complete' if closure else ''})")
     return 1 if failed else 0

@@ -43,7 +43,8 @@ except ImportError:  # pragma: no cover - depends on the interpreter
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
     from pip._vendor.packaging.version import InvalidVersion, Version
 
-PLATFORM = "Linux x86_64"  # what every lock is resolved for (the header says so)
+from tools.locktool import PLATFORM, canon  # noqa: E402  (what every lock is resolved for; name normalisation)
+
 TIMEOUT = 30.0
 _JSON = "application/vnd.pypi.simple.v1+json"
 USER_AGENT = "rtp_fp8-lockverify/1"
@@ -51,10 +52,6 @@ USER_AGENT = "rtp_fp8-lockverify/1"
 
 class IndexError_(Exception):
     """An index that cannot be read (unreachable, malformed answer)."""
-
-
-def canon(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 # ----------------------------------------------------------------------------- file names
@@ -302,13 +299,14 @@ class Finder:
 
 
 def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
-               download: set[str]) -> tuple[list[str], list[str]]:
-    """(problems, notes): every hash is a published file of NAME==V; `download` entries re-hashed."""
-    problems, notes = [], []
+               download: set[str]) -> tuple[list[str], list[dict]]:
+    """(problems, files downloaded and hashed): every hash is a published file of NAME==V;
+    the files of `download` entries are fetched (local ones read) and re-hashed."""
+    problems, fetched = [], []
 
     def one(e):
         where = f"{lock}:{e['line']}: {e['name']}=={e['version']}"
-        out, note = [], []
+        out, got_files = [], []
         files = finder.files(e["name"])
         by_sha = {f["sha256"]: f for f in files if f.get("sha256")}
         fitting = []
@@ -336,15 +334,14 @@ def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
                 if got != f["sha256"]:
                     out.append(f"{where}: downloaded {f['filename']} has sha256 {got}, the index lists {f['sha256']}")
                 else:
-                    note.append(f"{e['name']}: {f['filename']} downloaded and hashed"
-                                + (" (local wheel folder; its index is unreachable)" if f.get("local") else ""))
-        return out, note
+                    got_files.append(f)
+        return out, got_files
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        for out, note in pool.map(one, entries.values()):
+        for out, got_files in pool.map(one, entries.values()):
             problems += out
-            notes += note
-    return problems, notes
+            fetched += got_files
+    return problems, fetched
 
 
 def marker_env(python: str) -> dict[str, str]:
@@ -396,7 +393,7 @@ def completeness(lock: str, entries: dict[str, dict], finder: Finder, python: st
                 except InvalidRequirement:
                     problems.append(f"{lock}: {parent}: unparseable Requires-Dist {raw!r}")
                     continue
-                wanted = [x for x in ({""} | extras[parent])]
+                wanted = {""} | extras[parent]
                 if req.marker is not None and not any(req.marker.evaluate(dict(env, extra=x)) for x in wanted):
                     continue
                 child = canon(req.name)
