@@ -78,9 +78,10 @@ def source_state(root: pathlib.Path) -> dict:
             "distance": distance}
 
 
-def source_revision(root: pathlib.Path) -> str:
+def source_revision(root: pathlib.Path, state: dict | None = None) -> str:
+    """The commit, with -dirty when the tree differs from it (`state`: source_state(root) when known)."""
     try:
-        st = source_state(root)
+        st = state or source_state(root)
     except WheelError:
         return "unknown"
     return st["commit"] + ("-dirty" if st["dirty"] else "")
@@ -90,7 +91,8 @@ def extension_label(tc: tcmod.LockSet) -> str | None:
     return "cu" + tc.cuda.replace(".", "") if tc.cuda else None
 
 
-def wheel_version(root: pathlib.Path, tc: tcmod.LockSet, ext_sha256: str | None = None) -> str:
+def wheel_version(root: pathlib.Path, tc: tcmod.LockSet, ext_sha256: str | None = None,
+                  state: dict | None = None) -> str:
     """A version that changes with the source, so two different wheels never share a name.
 
     - release: HEAD carries the tag v<__version__> and the tree is clean -> '0.2.0';
@@ -100,7 +102,7 @@ def wheel_version(root: pathlib.Path, tc: tcmod.LockSet, ext_sha256: str | None 
       'x<sha256 of the .so, 10>' (the Bazel wheel, whose .so is an action output, leaves this out).
     """
     base = version(root)
-    st = source_state(root)
+    st = state or source_state(root)  # one walk of the tree serves a whole build
     other = [t for t in st["tags"] if t != f"v{base}"]
     if other:
         raise WheelError(f"HEAD is tagged {', '.join(other)} but rtp_fp8/__init__.py says {base}")
@@ -172,7 +174,7 @@ def _files(root: pathlib.Path, with_ext: bool) -> list[tuple[str, bytes, int]]:
 PROVIDED_BY_REQUIRES = re.compile(r"^(libc10(_cuda)?|libtorch(_cpu|_cuda|_python)?|libcudart)\.so(\.\d+)*$")
 
 
-def platform_tag(root: pathlib.Path, tc: tcmod.LockSet, files: list[tuple[str, bytes, int]]) -> str:
+def platform_tag(tc: tcmod.LockSet, files: list[tuple[str, bytes, int]]) -> str:
     """The extension wheel's tag, as auditwheel (PyPI) reads it: a throwaway linux_x86_64 wheel of
     the same files is audited; its symbol-versioning verdict (e.g. manylinux_2_28) is taken when
     every external library is one torch provides, else auditwheel's overall tag (linux_x86_64)."""
@@ -252,8 +254,9 @@ def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> p
     with_ext = bool(tc.cuda)
     files = _files(root, with_ext)
     ext_sha = next((hashlib.sha256(d).hexdigest() for p, d, _ in files if p == EXTENSION), None)
-    ver = wheel_version(root, tc, ext_sha)
-    tag = platform_tag(root, tc, files) if with_ext else "py3-none-any"
+    state = source_state(root)
+    ver = wheel_version(root, tc, ext_sha, state)
+    tag = platform_tag(tc, files) if with_ext else "py3-none-any"
     name = f"rtp_fp8-{ver.replace('-', '_')}-{tag}.whl"
     epoch = max(source_date_epoch(root), 315532800)  # zip cannot store dates before 1980
     import time
@@ -262,7 +265,8 @@ def build(toolchain: str, out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> p
     dist = f"rtp_fp8-{ver}.dist-info"
     reqs = requires(tc, root)
 
-    files.append(("rtp_fp8/_build_info.json", build_info(tc, ver, source_revision(root), epoch, reqs), 0o644))
+    files.append(("rtp_fp8/_build_info.json", build_info(tc, ver, source_revision(root, state), epoch, reqs),
+                  0o644))
     files.sort(key=lambda f: f[0])
     meta = [
         "Metadata-Version: 2.1", "Name: rtp_fp8", f"Version: {ver}",
@@ -311,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             print(wheel_version(a.root, _toolchain(a.toolchain, a.root)))
             return 0
         if a.workspace_status:
+            state = source_state(a.root)
             for name in tcmod.load(a.root).toolchains:
-                print(f"STABLE_RTP_FP8_VERSION_{name} {wheel_version(a.root, _toolchain(name, a.root))}")
-            print(f"STABLE_RTP_FP8_REVISION {source_revision(a.root)}")
+                print(f"STABLE_RTP_FP8_VERSION_{name} {wheel_version(a.root, _toolchain(name, a.root), state=state)}")
+            print(f"STABLE_RTP_FP8_REVISION {source_revision(a.root, state)}")
             print(f"STABLE_SOURCE_DATE_EPOCH {source_date_epoch(a.root)}")
             return 0
         if a.emit:
