@@ -206,11 +206,17 @@ class EPMoE:
         w = rows[:, h + 4 * c + 4 * self.topk:].contiguous().view(torch.float32)
         return q, s, ids, w
 
-    def _routes(self, topk_ids):
-        """valid [T, k], owner rank [T, k], need [T, W] (a token goes once to each owner rank)."""
+    def _valid(self, topk_ids):
+        """[T, k]: ids inside [0, W*E); the others are counted as invalid here, on the rank that saw them."""
         ids = topk_ids.long()
         valid = (ids >= 0) & (ids < self.num_global)
         self.counters[0] += (~valid).sum().to(torch.int32)
+        return valid
+
+    def _routes(self, topk_ids):
+        """valid [T, k], owner rank [T, k], need [T, W] (a token goes once to each owner rank)."""
+        ids = topk_ids.long()
+        valid = self._valid(topk_ids)
         owner = torch.where(valid, ids // self.e, -1)
         ranks = torch.arange(self.world, device=self.device)
         need = (owner[:, :, None] == ranks[None, None, :]).any(dim=1)  # [T, W]
@@ -300,30 +306,16 @@ class _DeepEPLowLatency:
         hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(c, h, w, ep.num_global)
         self.buffer = deep_ep.Buffer(ep.group, num_rdma_bytes=hint, low_latency_mode=True, num_qps_per_rank=e)
         self.ue8m0 = ep.layout == "ue8m0"
-        m, i, dev = w * c, ep.experts.inter, ep.device
-        self.gate_up = torch.empty(e, m, 2 * i, dtype=torch.bfloat16, device=dev)
-        self.act_q = torch.empty(e * m, i, dtype=torch.float8_e4m3fn, device=dev)
-        self.act_s = L.alloc_scales((), e * m, i // ep.gs, ep.layout, dev, zero=True)
-        self.down = torch.empty(e, m, h, dtype=torch.bfloat16, device=dev)
+        # the experts run on ep.executor (the masked executor of W x max_tokens rows per expert):
+        # DeepEP's receive tensor is exactly its run_experts() input
 
     def __call__(self, x, topk_ids, topk_weights):
-        from rtp_fp8.gemm.triton import block_scaled as G
-
         ep = self.ep
-        ids = topk_ids.long()
-        valid = (ids >= 0) & (ids < ep.num_global)
-        ep.counters[0] += (~valid).sum().to(torch.int32)
-        idx = torch.where(valid, ids, -1)
+        idx = torch.where(ep._valid(topk_ids), topk_ids.long(), -1)
         (q, s), recv_count, handle, _, _ = self.buffer.low_latency_dispatch(
             x.to(torch.bfloat16), idx, ep.max_tokens, ep.num_global, use_fp8=True, round_scale=self.ue8m0,
             use_ue8m0=self.ue8m0)
-        e, m = q.shape[0], q.shape[1]
-        masked_m = recv_count.to(torch.int32).contiguous()
-        expected_m = max(1, min(m, -(-x.shape[0] * ep.topk // max(1, e))))
-        ex = ep.experts
-        G.m_grouped_fp8_gemm_nt_masked(q, s, ex.w13, ex.w13_scales, masked_m, expected_m=expected_m, out=self.gate_up)
-        T.silu_mul_quant_into(self.gate_up.reshape(-1, 2 * ex.inter), self.act_q, self.act_s, ep.gs, ep.layout)
-        G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, ex.inter), X._batched(self.act_s, e, m), ex.w2,
-                                       ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
-        out, _, _ = self.buffer.low_latency_combine(self.down, idx, topk_weights.float(), handle)
+        ex = ep.executor
+        down = ex.run_experts(q, s, recv_count.to(torch.int32).contiguous(), ex.expected_m(x.shape[0]))
+        out, _, _ = self.buffer.low_latency_combine(down, idx, topk_weights.float(), handle)
         return out.to(x.dtype)

@@ -294,15 +294,25 @@ class MaskedExecutor(_Executor):
                             expert_offset=self.expert_offset, deterministic=self.deterministic, num_experts=e)
         t = q.shape[0]
         del q, s
-        expected_m = max(1, min(m, -(-t * self.topk // e)))
-        ex = self.experts
-        G.m_grouped_fp8_gemm_nt_masked(self.a.view(e, m, self.h), _batched(self.a_scales, e, m), ex.w13,
-                                       ex.w13_scales, masked_m, expected_m=expected_m, out=self.gate_up)
+        self.run_experts(self.a.view(e, m, self.h), _batched(self.a_scales, e, m), masked_m, self.expected_m(t))
+        self._account()
+        return K.ep_gather(self.down.view(e * m, self.h), topk_weights, oidx, counters=self.counters)
+
+    def expected_m(self, tokens: int) -> int:
+        """Rows per expert to expect from `tokens` tokens (the masked GEMMs' tile-size hint)."""
+        return max(1, min(self.max_m, -(-tokens * self.topk // self.e)))
+
+    def run_experts(self, a, sa, masked_m, expected_m):
+        """The experts on a per-expert padded layout: a [E, max_m, H] FP8 with its scales, masked_m
+        [E] rows each -> self.down [E, max_m, H] BF16 (gate/up GEMM, fused SiLU*mul + quantization,
+        down GEMM). The scatter above feeds it; so does DeepEP's low-latency dispatch (moe.dist)."""
+        e, m, ex = self.e, self.max_m, self.experts
+        G.m_grouped_fp8_gemm_nt_masked(a, sa, ex.w13, ex.w13_scales, masked_m, expected_m=expected_m,
+                                       out=self.gate_up)
         self._silu_mul_quant(self.gate_up, self.act_q, self.act_s)
         G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, self.i), _batched(self.act_s, e, m), ex.w2,
                                        ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
-        self._account()
-        return K.ep_gather(self.down.view(e * m, self.h), topk_weights, oidx, counters=self.counters)
+        return self.down
 
 
 @dataclasses.dataclass(frozen=True)
