@@ -200,9 +200,9 @@ class FP8Linear(nn.Module):
                           "GEMM: requantized through the legacy path (lossy)", arch)
                 q, s = B.requant_ue8m0(q, s, BLOCK)
             s = B.pack_weight_scales_per_row(s, self.out_features, BLOCK)
-        name, why = BK.select(arch, self.out_features, self.in_features, self.backend_request, device=dev)
+        name, _ = BK.select(arch, self.out_features, self.in_features, self.backend_request, device=dev)
         self._run = {"device": dev, "arch": arch, "q": q, "s": s, "backend": BK.get(name, arch, dev),
-                     "backend_name": name, "why": why, "layout": activation_scale_layout(arch)}
+                     "backend_name": name}
         return self._run
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
