@@ -106,7 +106,8 @@ def test_a_copy_without_git_is_refused(tmp_path):
 def test_extension_wheel_tag_comes_from_auditwheel(tmp_path, monkeypatch, needs, tag):
     """A stand-in _C.so linking torch's libc10.so gets auditwheel's symbol-versioning tag (torch
     provides libc10 at run time); one linking any other library gets auditwheel's overall verdict."""
-    pytest.importorskip("auditwheel", reason="auditwheel is in every toolchain's lock")
+    pytest.importorskip("auditwheel",
+                        reason="auditwheel is not installed in this Python (every toolchain's lock has it)")
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764633600")
     src = _copy_sources(tmp_path / "src")
     lib = tmp_path / "lib"
