@@ -41,7 +41,8 @@ def test_plan_accepts_the_sm90_case_and_names_each_refusal():
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")  # 12 x 11 = 132 tiles
     assert _plan(a, sa, b, sb) is None
     assert "SM90" in _plan(a, sa, b, sb, cap=(10, 0)) and "sm120" in _plan(a, sa, b, sb, cap=(12, 0))
-    assert _plan(a, sa, b, sb, sms=133) == "132 tiles of 128x128 for 133 SMs"
+    assert _plan(a, sa, b, sb, sms=176) is None  # 132 tiles fill MIN_FILL of 176 SMs
+    assert _plan(a, sa, b, sb, sms=177) == "132 tiles of 128x128 for 177 SMs"  # K=256: too short to split
     assert "FP32 scales" in _plan(a, sa, b, sb, packed_a=True)
     assert "per 128x128 block" in _plan(a, sa, b, sb, sb_div=1)
     _, sa_row, _, _ = _ops(1536, 1408, 256, "cpu", layout="row")
@@ -52,6 +53,18 @@ def test_plan_accepts_the_sm90_case_and_names_each_refusal():
     ge, gsa, gb, gsb = _ops(1536, 1408, 256, "cpu", e=4)
     assert _plan(ge, gsa, gb, gsb, grouped=True, alignment=256) is None
     assert "aligned to 128 rows" in _plan(ge, gsa, gb, gsb, grouped=True, alignment=64)
+
+
+def test_plan_splits_k_of_small_dense_grids():
+    a, sa, b, sb = _ops(256, 4096, 7168, "cpu")  # 2 x 32 tiles, 56 K blocks
+    assert W.split_k(64, 56, 132) == 2 and _plan(a, sa, b, sb) is None
+    assert W.split_k(32, 56, 132) == 4  # M=128
+    assert W.split_k(56, 16, 132) == 1  # K=2048: 16 K blocks, too few to split
+    assert W.split_k(132, 56, 132) == 1 and W.split_k(8, 56, 132, dense=False) == 1
+    a, sa, b, sb = _ops(128, 7168, 2048, "cpu")  # 56 tiles, no split: 56 < 0.75 x 132
+    assert _plan(a, sa, b, sb) == "56 tiles of 128x128 for 132 SMs"
+    a, sa, b, sb = _ops(128, 1024, 7168, "cpu")  # 8 tiles x 4 splits
+    assert _plan(a, sa, b, sb) == "8 tiles of 128x128 x 4 K splits for 132 SMs"
 
 
 def test_plan_counts_wide_tiles(monkeypatch):
@@ -179,6 +192,34 @@ def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
     ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
     assert torch.equal(out, ref)
     assert bool(torch.isnan(buf[:, n:]).all())
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k,splits", [(256, 4096, 7168, None), (100, 1100, 1664, 3), (300, 2048, 512, 4)])
+def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits):
+    """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch, or forced by a direct
+    launch): the partials equal the Triton kernel's split into the same runs of K blocks, so the
+    reduced output is bit-identical; a 4-way split of 4 K blocks leaves no split empty-handed."""
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n)
+    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    if splits is None:
+        splits = G.ws_splits(G.DENSE, a, b)
+        assert splits == 2
+        calls, _ = _spy(monkeypatch)
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+        assert calls == [G.DENSE]
+    else:
+        parts = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device="cuda")
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits)
+        G._reduce_splits(parts, out)
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "FORCE_SPLIT_K", splits)
+        mp.setattr(G, "USE_SWAP", False)
+        ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
+    assert torch.equal(out, ref)
+    assert bool(torch.isnan(buf[:, n:]).all())
+    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
 
 
 @pytest.mark.gpu_sm90

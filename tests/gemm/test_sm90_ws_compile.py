@@ -1,5 +1,5 @@
-"""The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py), dense and m-grouped
-contiguous, with and without the TMA-store epilogue, compiles for sm_90a without a GPU: three
+"""The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py), dense, m-grouped
+contiguous and m-grouped masked, with and without the TMA-store epilogue, compiles for sm_90a without a GPU: three
 partitions (two consumer warpgroups, one producer warp), async m64n128k32 FP8 wgmma, no spills,
 and none of ptxas's wgmma serialization warnings (C7514, which an MMA result carried across the
 loop edge causes). Its results and numbers come from the GPU (tests/gemm/test_sm90_ws.py,
@@ -31,23 +31,23 @@ CHILD = """
 import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
-kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]))
+kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1")
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
 """
 
 
-@pytest.mark.parametrize("mode,epi_tma,bn", [(0, 0, 128), (0, 1, 128), (1, 0, 128), (1, 1, 128),
-                                             (0, 0, sm90_ws.WIDE_BN), (0, 1, sm90_ws.WIDE_BN),
-                                             (1, 0, sm90_ws.WIDE_BN)],
-                         ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "wide-dense",
-                              "wide-dense-tma_store", "wide-contiguous"])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn):
+@pytest.mark.parametrize("mode,epi_tma,bn,split", [
+    (0, 0, 128, 0), (0, 1, 128, 0), (1, 0, 128, 0), (1, 1, 128, 0), (2, 0, 128, 0), (2, 1, 128, 0), (0, 0, 128, 1),
+    (0, 0, sm90_ws.WIDE_BN, 0), (0, 1, sm90_ws.WIDE_BN, 0), (1, 0, sm90_ws.WIDE_BN, 0), (2, 1, sm90_ws.WIDE_BN, 0)],
+    ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "masked", "masked-tma_store",
+         "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store"])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split):
     """Every variant launch() can run (wide contiguous tiles keep pointer stores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn)], check=True,
-                   cwd=ROOT, env=env)
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split)],
+                   check=True, cwd=ROOT, env=env)
     wide = bn != 128
     ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)

@@ -213,6 +213,72 @@ def _fp8_gemm_tma_kernel(
         tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
+@triton.jit
+def _fp8_gemm_swap_kernel(
+    a_desc, b_desc, d_ptr, sa_ptr, sb_ptr, grp_ptr,
+    M, N, K, stride_dm, stride_dn, stride_de, stride_sae, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
+    SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr, stride_ws,
+):
+    """Few rows (decode): D^T = B @ A^T, weight rows on the MMA's M side (BLOCK_N of them) and the
+    token rows on its N side (BLOCK_T, down to 16), so that a handful of tokens does not pad a
+    64-row MMA. Dense: program (column tile x K split, token tile); SPLIT_K > 1 stores FP32
+    partials at d_ptr + split * stride_ws (the caller adds them in a fixed order). Masked: axis 2
+    is the expert, which walks its masked_m rows in BLOCK_T steps (A viewed as [E * M, K]: a step's
+    rows past masked_m read the next expert's rows and are not stored). Each 128-K step promotes
+    with scale_a x scale_b as the other kernels do."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_n = pid % tiles_n
+    split = pid // tiles_n
+    nk = tl.cdiv(K, 128)
+    per_split = tl.cdiv(nk, SPLIT_K)
+    k_lo = split * per_split
+    k_hi = tl.minimum(nk, k_lo + per_split)
+    if MODE == 2:
+        e = tl.program_id(2)
+        m_end = tl.minimum(tl.maximum(tl.load(grp_ptr + e), 0), M)
+        t_lo = 0
+        t_hi = m_end
+    else:
+        e = 0
+        m_end = M
+        t_lo = tl.program_id(1) * BLOCK_T
+        t_hi = t_lo + 1
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = ns < N
+    sb_base = sb_ptr + e * stride_sbe
+    sa_base = sa_ptr + e * stride_sae
+    for t0 in range(t_lo, t_hi, BLOCK_T):
+        toks = t0 + tl.arange(0, BLOCK_T)
+        tmask = toks < m_end
+        acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        for kb in tl.range(k_lo, k_hi, num_stages=STAGES):
+            b = b_desc.load([e * N + pid_n * BLOCK_N, kb * 128])
+            a = a_desc.load([e * M + t0, kb * 128])
+            sa = _load_scale(sa_base, toks, kb, stride_sam, stride_sak, tmask, PACKED_A)
+            part = tl.dot(b, tl.trans(a), out_dtype=tl.float32)
+            if (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B):
+                sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
+                acc += part * (sa * sb)[None, :]
+            else:
+                sb = _load_scale(sb_base, ns // SB_ROW_DIV, kb, stride_sbn, stride_sbk, nmask, PACKED_B)
+                acc += part * sa[None, :] * sb[:, None]
+        d_ptrs = (d_ptr + split * stride_ws + e * stride_de + toks[None, :] * stride_dm + ns[:, None] * stride_dn)
+        tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=nmask[:, None] & tmask[None, :])
+
+
+@triton.jit
+def _split_reduce_kernel(ws_ptr, d_ptr, MN, N, stride_dm, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """d = bf16(ws[0] + ws[1] + ...): FP32 split-K partials [SPLITS, M, N] added in split order."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(d_ptr + (offs // N) * stride_dm + offs % N, acc.to(d_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -352,25 +418,47 @@ USE_TMA = True  # tests patch it to False to compare both paths; the launcher al
 USE_WS = True  # likewise for the SM90 warp-specialized kernel (sm90_ws.plan decides where it applies)
 
 
-def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=128) -> str | None:
-    """None when a dense / contiguous call with these operands runs sm90_ws, else why it does not
-    (bench/gemm.py labels its rows with it)."""
+def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=128, expected_m=None) -> str | None:
+    """None when a dense / contiguous / masked call with these operands runs sm90_ws, else why it
+    does not (bench/gemm.py labels its rows with it). Masked calls need expected_m above
+    SWAP_MAX_ROWS (fewer rows take the swapped kernel)."""
     if not USE_WS:
         return "USE_WS is off"
     if sm90_ws is None:
         return "this Triton has no Gluon"
     if triton_env.interpreting():
         return "the Triton interpreter runs the Triton kernels"
+    if mode == MASKED and USE_SWAP and expected_m <= SWAP_MAX_ROWS:
+        return f"expected_m {expected_m} <= {SWAP_MAX_ROWS} rows: the swapped kernel"
     return sm90_ws.plan(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div, grouped=mode == CONTIGUOUS,
-                        alignment=alignment)
+                        alignment=alignment, masked_rows=expected_m if mode == MASKED else None)
 
 
-def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment=128) -> bool:
-    """Dense / contiguous through sm90_ws on SM90; False when it does not apply."""
-    if ws_refusal(mode, a, sa, b, sb, out, packed_a, sb_div, alignment) is not None:
+def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment=128, expected_m=None) -> bool:
+    """Dense / contiguous / masked through sm90_ws on SM90; False when it does not apply. A dense
+    grid with fewer tiles than SMs splits K there (sm90_ws.split_k): FP32 partials, added in split
+    order into out by the same reduction as the Triton kernel's split."""
+    if ws_refusal(mode, a, sa, b, sb, out, packed_a, sb_div, alignment, expected_m) is not None:
         return False
-    sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out)
+    splits = ws_splits(mode, a, b)
+    if splits == 1:
+        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, masked_rows=expected_m)
+        return True
+    parts = torch.empty(splits, *out.shape, dtype=torch.float32, device=out.device)
+    sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, parts, splits=splits)
+    _reduce_splits(parts, out)
     return True
+
+
+def ws_splits(mode, a, b) -> int:
+    """K splits sm90_ws takes for this call (dense grids smaller than the GPU; 1 otherwise)."""
+    if mode != DENSE:
+        return 1
+    m, k = a.shape
+    n = b.shape[0]
+    sms = A.num_sms(a.device.index or 0)
+    tiles = cdiv(m, sm90_ws.BM) * cdiv(n, sm90_ws.tile_n(m, n, sms))
+    return sm90_ws.split_k(tiles, cdiv(k, GRAN), sms)
 
 
 def _tma_ok(*tensors) -> bool:
@@ -428,8 +516,78 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
         SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0,
     )
     if splits > 1:
-        d.copy_(target.sum(dim=0))  # a fixed-order reduction over the splits, one rounding to BF16
+        _reduce_splits(target, d)  # a fixed-order reduction over the splits, one rounding to BF16
     return True
+
+
+USE_SWAP = True  # tests patch it to False to compare with the TMA / pointer kernels
+SWAP_MAX_ROWS = 64  # dense M, or masked expected_m, up to which the swapped (decode) kernel runs
+SWAP_BLOCK_N = 128  # weight rows per program (the MMA's M side)
+SWAP_STAGES = 4  # bench/decode_sweep.py on the H200: 4 beat 6 and 8 on every decode shape
+SWAP_MIN_BLOCKS = 8  # K blocks each split keeps at least (swapped kernel)
+SWAP_SPLIT_MAX = 8
+
+
+def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_T, STAGES, SPLIT_K) of the swapped kernel for `rows` rows (dense M or masked
+    expected_m): BLOCK_T the power of two >= rows (16 to 64). A dense call (m its M; None: masked)
+    whose grid of SWAP_BLOCK_N-row tiles leaves SMs idle first halves BLOCK_N (when that fills
+    half the SMs), else splits K, each split keeping SWAP_MIN_BLOCKS K blocks (sms None: no GPU,
+    neither unless forced). bench/decode_sweep.py on the H200: N=7168 K=2048 is fastest in 64-row
+    tiles unsplit, N=4096 K=7168 in 128-row tiles split 4."""
+    bt = min(64, max(16, triton.next_power_of_2(max(rows, 1))))
+    bn, splits = SWAP_BLOCK_N, 1
+    if m is not None and FORCE_SPLIT_K is not None:
+        splits = FORCE_SPLIT_K
+    elif m is not None and sms is not None:
+        progs = cdiv(n, bn) * cdiv(m, bt)
+        if progs >= sms:
+            pass
+        elif 4 * progs >= sms and bn > 64:
+            bn = 64
+        else:
+            splits = max(1, min(SWAP_SPLIT_MAX, sms // progs, cdiv(k, GRAN) // SWAP_MIN_BLOCKS))
+    return bn, bt, SWAP_STAGES, splits
+
+
+def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div) -> bool:
+    """Dense (a [M, K]) or masked (a [E, M, K]) through _fp8_gemm_swap_kernel; False when it does
+    not apply (USE_SWAP off, more than SWAP_MAX_ROWS rows, operands TMA cannot read)."""
+    if not USE_SWAP or rows > SWAP_MAX_ROWS or not b.is_contiguous():
+        return False
+    k = a.shape[-1]
+    m, n = a.shape[-2], b.shape[-2]
+    if a.dim() == 3 and a.stride(0) != m * a.stride(1):
+        return False
+    a2 = a.reshape(-1, k)  # masked: [E * M, K]
+    if not _tma_ok(a2, b):
+        return False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sms = None if triton_env.interpreting() else A.num_sms(a.device.index or 0)
+    bn, bt, stages, splits = swap_config(rows, n, k, None if mode == MASKED else m, sms)
+    grid = (cdiv(n, bn) * splits, 1, a.shape[0]) if mode == MASKED else (cdiv(n, bn) * splits, cdiv(m, bt), 1)
+    target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=out.device)
+    (sa_e, sa_m, sa_k), (sb_e, sb_n, sb_k), (d_e, d_m, d_n) = _strides3(sa), _strides3(sb), _strides3(out)
+    if splits > 1:
+        d_e, d_m, d_n = 0, target.stride(1), target.stride(2)
+    _fp8_gemm_swap_kernel[grid](
+        TensorDescriptor.from_tensor(a2, [bt, GRAN]), TensorDescriptor.from_tensor(b.reshape(-1, k), [bn, GRAN]),
+        target, sa, sb, grp, m, n, k, d_m, d_n, d_e, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
+        SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode, BLOCK_N=bn, BLOCK_T=bt, STAGES=stages,
+        SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0, num_warps=4,
+    )
+    if splits > 1:
+        _reduce_splits(target, out)
+    return True
+
+
+def _reduce_splits(ws, out):
+    """out = bf16(sum of the FP32 partials ws [S, M, N] in split order): one launch."""
+    s, m, n = ws.shape
+    block = 1024 if not triton_env.interpreting() else max(16, min(4096, triton.next_power_of_2(m * n)))
+    _split_reduce_kernel[(cdiv(m * n, block),)](ws, out, m * n, n, out.stride(0), SPLITS=s, BLOCK=block,
+                                                num_warps=4)
 
 
 def check_dense(a, sa, b, sb, out=None):
@@ -452,6 +610,8 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
+        return out
+    if _launch_swap(DENSE, a, sa, b, sb, sb, out, m, packed_a, packed_b, sb_div):  # M <= SWAP_MAX_ROWS
         return out
     if _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):  # ids / counters: unread when dense
         return out
@@ -564,7 +724,13 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     n = b.shape[1]
     if e == 0 or mmax == 0 or n == 0:
         return out
-    bm, bn, bk, warps, stages, gm = _config(expected_m if expected_m is not None else mmax, n, k)
+    rows = expected_m if expected_m is not None else mmax
+    if (_launch_ws(MASKED, a, sa, b, sb, masked_m, counters, e, out, packed_a, sb_div, expected_m=rows)
+            or _launch_swap(MASKED, a, sa, b, sb, masked_m, out, rows, packed_a, packed_b, sb_div)):
+        if counters is not None:  # the pointer kernel counts in-kernel; these two leave it to two device ops
+            counters.add_(torch.stack(((masked_m < 0).sum(), (masked_m > mmax).sum())).to(torch.int32))
+        return out
+    bm, bn, bk, warps, stages, gm = _config(rows, n, k)
     tiles_m = cdiv(mmax, bm)
     grid = (tiles_m * cdiv(n, bn), e)
     _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m if counters is None else counters, mmax, n, k, e,

@@ -147,13 +147,44 @@ def _tile_work(grp_ptr, pid_m, nk, E, MODE: gl.constexpr):
 
 
 @gluon.jit
-def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, col_blk, c: gl.constexpr, e, nk, M,
+def _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE: gl.constexpr):
+    """Dense / contiguous work item -> (pid_m, pid_n, expert, first K block, K blocks): tile item //
+    SPLITS, split item % SPLITS of SPLITS equal runs of K blocks (block_scaled's split_k runs)."""
+    pid_m, pid_n = _coords(item // SPLITS, TILES_M, tiles_n, GROUP_M)
+    nk = gl.cdiv(K, 128)
+    per = gl.cdiv(nk, SPLITS)
+    lo = (item % SPLITS) * per
+    e, run = _tile_work(grp_ptr, pid_m, gl.maximum(gl.minimum(nk, lo + per) - lo, 0), E, MODE)
+    return pid_m, pid_n, e, lo, run
+
+
+@gluon.jit
+def _expert_rows(grp_ptr, e, E, M):
+    """Masked mode: expert e's rows, masked_m[e] clamped to [0, M]; 0 past the last expert."""
+    mm = gl.load(grp_ptr + gl.minimum(e, E - 1))
+    return gl.where(e < E, gl.minimum(gl.maximum(mm, 0), M), 0)
+
+
+@gluon.jit
+def _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n):
+    """Masked mode: the experts' tiles are numbered one expert after another (cdiv(masked_m[e],
+    128) x tiles_n each); advance the cursor (e, its first tile number base, its rows mm) to the
+    expert holding `tile`. e == E: no expert does (the walk is over). Every partition walks alike."""
+    while (tile >= base + gl.cdiv(mm, 128) * tiles_n) & (e < E):
+        base += gl.cdiv(mm, 128) * tiles_n
+        e += 1
+        mm = _expert_rows(grp_ptr, e, E, M)
+    return e, base, mm
+
+
+@gluon.jit
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col_blk, c: gl.constexpr, e, nk, M,
                MODE: gl.constexpr):
     """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
     become zeros; 128-column block 0 counts the -1 rows (counters[0]) and rows of another or an
-    invalid id (counters[1]), as the Triton kernels do. Dense: v unchanged."""
+    invalid id (counters[1]), as the Triton kernels do. Dense and masked: v unchanged."""
     if MODE == 1:
-        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
         rmask = rows < M
         ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
         ok = rmask & (ids == e) & (nk > 0)
@@ -165,24 +196,75 @@ def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, pid_m, col_blk, c: gl.
 
 
 @gluon.jit
-def _store_half(acc, h: gl.constexpr, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, col_blk, e,
+def _store_half(acc, h: gl.constexpr, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col_blk, e,
                 nk, M, N, stride_dm, mma_layout: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
-    """Consumer c's 64 rows of 128-column block col_blk, as bf16 (h: which of a wide tile's halves)."""
+    """Consumer c's 64 rows of 128-column block col_blk, as bf16 (h: which of a wide tile's halves).
+    row0: the tile's first row of `out` (viewed as 2-D); M: the end of the rows it may write (the
+    expert's masked_m in masked mode, whose TMA store needs M rows per expert in whole halves)."""
     if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next step starts
-        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, pid_m, col_blk, c, e, nk, M, MODE)
+        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, row0, col_blk, c, e, nk, M, MODE)
         cbuf = c_bufs.index(c)
         tma.store_wait(0)  # the previous store has read the buffer
         cbuf.store(vt)
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_m * 128 + c * 64, col_blk * 128], cbuf)
+        if (MODE != 2) | (row0 + c * 64 < M):  # masked: a half past masked_m is another expert's rows
+            tma.async_copy_shared_to_global(c_desc, [row0 + c * 64, col_blk * 128], cbuf)
     else:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        v = _mask_rows(gl.convert_layout(acc.to(gl.bfloat16), out_layout), out_layout, grp_ptr, cnt_ptr, pid_m,
-                       col_blk, c, e, nk, M, MODE)
-        rows = pid_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        v = _mask_rows(gl.convert_layout(acc.to(d_ptr.dtype.element_ty), out_layout), out_layout, grp_ptr, cnt_ptr,
+                       row0, col_blk, c, e, nk, M, MODE)
+        rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         cols = col_blk * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
         dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
         gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
+
+
+@gluon.jit
+def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, MODE: gl.constexpr,
+                  EPI_TMA: gl.constexpr):
+    """Consumer c's 64 rows of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
+    out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials."""
+    a_desc, b_desc, sa_desc, c_desc = descs
+    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+    TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
+    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
+        stride_ws = dims
+    ring = (a_bufs, b_bufs, sa_bufs, full, empty)
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    zero = gl.zeros((64, 128), gl.float32, mma_layout)
+    blk = pid_n * (TN // 128)  # the tile's first 128-column block (its B scale row)
+    sb_row = sb_ptr + e * stride_sbe + blk * stride_sbn
+    acc = zero
+    if TN == 128:
+        # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
+        part = zero
+        sa = gl.zeros((64, ), gl.float32, row_layout)
+        sb = 0.0
+        for kb in range(k_lo, k_lo + nk - 1, 2):
+            acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout)
+            acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                         row_layout)
+        if nk % 2 == 1:
+            acc, part, sa, sb, g = _step(c, k_lo + nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
+                                         row_layout)
+        acc = acc + part * gl.expand_dims(sa * sb, 1)
+        _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk, e, nk, row_end, N, stride_dm,
+                    mma_layout, MODE, EPI_TMA)
+    else:
+        acc1 = zero
+        hi_ok = (blk + 1) * 128 < N
+        for kb in range(k_lo, k_lo + nk):
+            acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
+                                      row_layout)
+        _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk, e, nk, row_end, N, stride_dm,
+                    mma_layout, MODE, EPI_TMA)
+        if hi_ok:
+            _store_half(acc1, 1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk + 1, e, nk, row_end, N,
+                        stride_dm, mma_layout, MODE, EPI_TMA)
+    return g
 
 
 @gluon.jit
@@ -190,55 +272,28 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     """Consumer c: rows [c * 64, c * 64 + 64) of every tile."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
-    a_desc, b_desc, sa_desc, c_desc = descs
-    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
-    TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
+    TN: gl.constexpr = bufs[1].shape[1]
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
-    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
-    ring = (a_bufs, b_bufs, sa_bufs, full, empty)
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, 128, 32])
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
+        stride_ws = dims
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, TN)
-    num_tiles = TILES_M * tiles_n
-    zero = gl.zeros((64, 128), gl.float32, mma_layout)
-    no_scale = gl.zeros((64, ), gl.float32, row_layout)
     g = pid * 0
-    for tile in range(pid, num_tiles, nprog):
-        pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
-        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
-        blk = pid_n * (TN // 128)  # the tile's first 128-column block (its B scale row)
-        sb_row = sb_ptr + e * stride_sbe + blk * stride_sbn
-        acc = zero
-        if TN == 128:
-            # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
-            part = zero
-            sa = no_scale
-            sb = 0.0
-            for kb in range(0, nk - 1, 2):
-                acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                             row_layout)
-                acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                             row_layout)
-            if nk % 2 == 1:
-                acc, part, sa, sb, g = _step(c, nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                             row_layout)
-            acc = acc + part * gl.expand_dims(sa * sb, 1)
-            _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk, e, nk, M, N, stride_dm,
-                        mma_layout, MODE, EPI_TMA)
-        else:
-            acc1 = zero
-            hi_ok = (blk + 1) * 128 < N
-            for kb in range(nk):
-                acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
-                                          row_layout)
-            _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk, e, nk, M, N, stride_dm,
-                        mma_layout, MODE, EPI_TMA)
-            if hi_ok:
-                _store_half(acc1, 1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, pid_m, blk + 1, e, nk, M, N,
-                            stride_dm, mma_layout, MODE, EPI_TMA)
+    if MODE == 2:
+        tile = pid
+        e, base, mm = _seek(tile, pid * 0, pid * 0, _expert_rows(grp_ptr, pid * 0, E, M), grp_ptr, E, M, tiles_n)
+        while e < E:
+            pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
+            g = _consume_tile(c, e * M + pid_m * 128, e * M + mm, pid_n, e, 0, gl.cdiv(K, 128), g, descs, bufs, ptrs,
+                              dims, MODE, EPI_TMA)
+            tile += nprog
+            e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
+    else:
+        for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
+            pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
+            part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
+            g = _consume_tile(c, pid_m * 128, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
 
@@ -254,41 +309,60 @@ def _consumer1(descs, bufs, ptrs, dims, cfg):
 
 
 @gluon.jit
-def _produce(descs, bufs, ptrs, dims, cfg):
-    """The TMA producer warp."""
-    MODE: gl.constexpr = cfg.shape[0] - 1
+def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
+    """The TMA loads of one tile's K blocks k_lo .. k_lo + nk - 1 (A rows from row0, its scale run
+    from sa0) -> g."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     NSTAGES: gl.constexpr = full.shape[0]
     TN: gl.constexpr = b_bufs.shape[1]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+    for kb in range(k_lo, k_lo + nk):
+        s = g % NSTAGES
+        mbarrier.wait(empty.index(s), ((g // NSTAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+        # The consumers read the slot's scales with ordinary shared loads: order those
+        # before the TMA overwrites them (one fence here instead of one per consumer step).
+        fence_async_shared()
+        bar = full.index(s)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(a_desc, [row0, kb * 128], bar, a_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
+        tma.async_copy_global_to_shared(sa_desc, [sa0 + kb * m_pad], bar, sa_bufs.index(s))
+        g += 1
+    return g
+
+
+@gluon.jit
+def _produce(descs, bufs, ptrs, dims, cfg):
+    """The TMA producer warp."""
+    MODE: gl.constexpr = cfg.shape[0] - 1
+    TN: gl.constexpr = bufs[1].shape[1]
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
-    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad = dims
+    M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
+        stride_ws = dims
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, TN)
-    num_tiles = TILES_M * tiles_n
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
     g = pid * 0
-    for tile in range(pid, num_tiles, nprog):
-        pid_m, pid_n = _coords(tile, TILES_M, tiles_n, GROUP_M)
-        e, nk = _tile_work(grp_ptr, pid_m, gl.cdiv(K, 128), E, MODE)
-        for kb in range(nk):
-            s = g % NSTAGES
-            mbarrier.wait(empty.index(s), ((g // NSTAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
-            # The consumers read the slot's scales with ordinary shared loads: order those
-            # before the TMA overwrites them (one fence here instead of one per consumer step).
-            fence_async_shared()
-            bar = full.index(s)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * 128, kb * 128], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb * m_pad + pid_m * 128], bar, sa_bufs.index(s))
-            g += 1
+    if MODE == 2:
+        tile = pid
+        e, base, mm = _seek(tile, pid * 0, pid * 0, _expert_rows(grp_ptr, pid * 0, E, M), grp_ptr, E, M, tiles_n)
+        while e < E:
+            pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
+            g = _produce_tile(e * M + pid_m * 128, e * stride_sae + pid_m * 128, pid_n, e, 0, gl.cdiv(K, 128), g,
+                              descs, bufs, N, m_pad)
+            tile += nprog
+            e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
+    else:
+        for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
+            pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
+            g = _produce_tile(pid_m * 128, pid_m * 128, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
 @gluon.jit
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
-                    stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, STAGES: gl.constexpr, MODE: gl.constexpr,
+                    stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
+                    STAGES: gl.constexpr, MODE: gl.constexpr,
                     EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -308,7 +382,8 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
-            (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad), cfg)
+            (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
+             stride_ws), cfg)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
 
 
@@ -318,8 +393,30 @@ def tile_n(m, n, num_sms):
     return WIDE_BN if n % WIDE_BN == 0 and cdiv(m, BM) * (n // WIDE_BN) >= num_sms else BN
 
 
-def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None):
+def _tile_rows(a, masked_rows):
+    """Rows the tile count is taken over: M, or masked_rows per expert rounded up to whole tiles."""
+    return a.shape[0] * cdiv(masked_rows, BM) * BM if masked_rows is not None else a.shape[0]
+
+
+# Dense grids with fewer tiles than SMs split K (FP32 partials, added in split order by block_scaled,
+# as the Triton kernel's split_k): as many splits as fill the SMs, at most SPLIT_MAX, each keeping
+# SPLIT_MIN_BLOCKS K blocks. Grids whose work items (tiles x splits) fill at least MIN_FILL of the SMs
+# run here; smaller ones take the Triton kernels' smaller tiles.
+SPLIT_MAX, SPLIT_MIN_BLOCKS, MIN_FILL = 4, 12, 0.75
+
+
+def split_k(tiles, nk, num_sms, dense=True):
+    """K splits of a dense grid of `tiles` tiles over nk K blocks on num_sms SMs (1: none)."""
+    if not dense or tiles >= num_sms:
+        return 1
+    return max(1, min(SPLIT_MAX, num_sms // tiles, nk // SPLIT_MIN_BLOCKS))
+
+
+def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None,
+         masked_rows=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
+    masked_rows: an m-grouped masked call (a [E, M, K], sa [E, M, KG], out [E, M, N]) expecting
+    that many rows per expert (its tile count).
 
     arch (rtp_fp8.arch.Arch) / num_sms default to a's device's; tests pass them to check the
     rules on CPU."""
@@ -331,17 +428,19 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return f"needs SM90 (wgmma), got {arch.name}"
     if not LIST_WARP_SPECIALIZE:
         return "needs Triton >= 3.6 (gl.warp_specialize taking (function, args) pairs)"
-    m, k = a.shape
+    m, k = a.shape[-2:]
     n = b.shape[-2]
     if packed_a or sb_div != 128:
         return "needs FP32 scales, B's per 128x128 block"
-    if sa.stride(0) != 1 or sa.stride(1) % 4 or sa.data_ptr() % 16:
+    if sa.stride(-2) != 1 or sa.stride(-1) % 4 or sa.data_ptr() % 16:
         return "needs A's scales column-major with a 16-byte aligned column stride (scale_layout='col_tma')"
     if k % 16 or not (a.is_contiguous() and b.is_contiguous() and sb.is_contiguous()) or (
             a.data_ptr() % 16 or b.data_ptr() % 16):
         return "needs contiguous, 16-byte aligned A, B and B scales (K a multiple of 16)"
-    if out.stride(1) != 1:
+    if out.stride(-1) != 1:
         return "needs out with unit column stride"
+    if masked_rows is not None and out.stride(0) != m * out.stride(1):
+        return "needs out's experts one after another (viewable as [E * M, N])"
     if grouped and alignment % BM:
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
@@ -349,18 +448,21 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
     bn = bn or BN
     if bn not in (128, WIDE_BN):
         return f"bn must be 128 or {WIDE_BN}, got {bn}"
-    tiles = cdiv(m, BM) * cdiv(n, bn)
-    if tiles < num_sms:  # too few tiles to fill the GPU: the Triton kernel's smaller ones do better
-        return f"{tiles} tiles of {BM}x{bn} for {num_sms} SMs"
+    tiles = cdiv(_tile_rows(a, masked_rows), BM) * cdiv(n, bn)
+    splits = split_k(tiles, cdiv(k, BK), num_sms, dense=not grouped and masked_rows is None)
+    if tiles * splits < MIN_FILL * num_sms:  # too little work to fill the GPU: the Triton kernel's smaller tiles
+        return f"{tiles} tiles of {BM}x{bn}{f' x {splits} K splits' if splits > 1 else ''} for {num_sms} SMs"
     return None
 
 
 def _descriptors(a, b2, sa, out, epi_tma, bn):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    m, kg = sa.shape
-    # A's scales as the 1-D run of their storage: column kb (K block) starts at kb * m_pad
-    sa_flat = torch.as_strided(sa, ((kg - 1) * sa.stride(1) + m, ), (1, ))
+    m, kg = sa.shape[-2:]
+    # A's scales as the 1-D run of their storage: column kb (K block) of expert e starts at
+    # e * stride(0) + kb * m_pad (stride(0) 0 for a 2-D sa)
+    span = (sa.shape[0] - 1) * sa.stride(0) if sa.dim() == 3 else 0
+    sa_flat = torch.as_strided(sa, (span + (kg - 1) * sa.stride(-1) + m, ), (1, ))
     c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
     tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
     return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
@@ -371,39 +473,53 @@ def _stages(bn):
     return STAGES if (bn or BN) == 128 else STAGES_WIDE
 
 
-def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None):
+def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
+           splits=1):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
-    int32 row ids, cnt the two counters); tiles 128 x bn (default tile_n's). The caller checked plan()."""
-    m, k = a.shape
+    int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
+    masked_m, masked_rows the expected rows per expert); tiles 128 x bn (default tile_n's). The
+    caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
+    sums go to out[s] (the caller adds them in split order)."""
+    m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
-    bn = bn or tile_n(m, n, num_sms)
+    rows = _tile_rows(a, masked_rows if mode == 2 else None)
+    bn = bn or tile_n(rows, n, num_sms)
+    stride_ws = 0
+    if splits > 1:
+        stride_ws, out, epi_tma = out.stride(0), out[0], False
+    a2, out2 = a.reshape(-1, k), out.reshape(-1, n)  # masked: [E * M, K] and [E * M, N] (plan checked the strides)
     if epi_tma is None:  # a TMA store needs 16-byte aligned rows
-        epi_tma = out.stride(0) % 8 == 0 and out.data_ptr() % 16 == 0
+        epi_tma = out2.stride(0) % 8 == 0 and out2.data_ptr() % 16 == 0
         # wide contiguous tiles keep pointer stores: with the TMA store ptxas spills in the K loop
         epi_tma = epi_tma and not (bn == WIDE_BN and mode == 1)
+        # masked: a 64-row half must not reach the next expert's rows
+        epi_tma = epi_tma and not (mode == 2 and m % 64)
     tiles_m = cdiv(m, BM)
-    nprog = nprog or min(tiles_m * cdiv(n, bn), num_sms)
+    nprog = nprog or min(cdiv(rows, BM) * cdiv(n, bn) * splits if mode != 2 else e * tiles_m * cdiv(n, bn), num_sms)
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
+    sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    _ws_gemm_kernel[(nprog, )](*_descriptors(a, b.reshape(-1, k), sa, out, epi_tma, bn), out, sb, grp, cnt, m, n, k,
-                               e, tiles_m, group_m, out.stride(0), sb_e, sb.stride(-2), sb.stride(-1), sa.stride(1),
-                               STAGES=_stages(bn), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
+    _ws_gemm_kernel[(nprog, )](*_descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn), out2, sb, grp, cnt, m, n,
+                               k, e, tiles_m, group_m, out2.stride(0), sb_e, sb.stride(-2), sb.stride(-1),
+                               sa.stride(-1), sa_e, splits, stride_ws, STAGES=_stages(bn), MODE=mode,
+                               EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None):
-    """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin)."""
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False):
+    """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
+    split: the variant storing FP32 split-K partials."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
            for name, (block, dtype, ty) in boxes(bn).items()}
-    sig |= {name: "*bf16" if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
+    sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
-                                     "stride_sbn", "stride_sbk", "m_pad")}
+                                     "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
     const = {"STAGES": _stages(bn), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
