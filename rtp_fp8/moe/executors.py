@@ -174,9 +174,10 @@ class _Executor:
                 x.untyped_storage().resize_(0)
         return q, s
 
-    def _silu_mul_quant(self, gate_up, q_out, s_out):
-        """silu(gate) * up, rounded to bf16 and quantized per group: one fused kernel, no activation tensor."""
-        T.silu_mul_quant_into(gate_up.reshape(-1, 2 * self.i), q_out, s_out, self.group, self.layout)
+    def _silu_mul_quant(self, gate_up, q_out, s_out, **skip):
+        """silu(gate) * up, rounded to bf16 and quantized per group: one fused kernel, no activation
+        tensor. skip: m_indices= or masked_m=, the rows the down GEMM reads (others are not touched)."""
+        T.silu_mul_quant_into(gate_up.reshape(-1, 2 * self.i), q_out, s_out, self.group, self.layout, **skip)
 
     def _account(self):
         """The layout and scatter kernels add to self.counters on the device; report growth here
@@ -250,7 +251,7 @@ class ContiguousExecutor(_Executor):
         ex = self.experts
         G.m_grouped_fp8_gemm_nt_contiguous(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices, out=self.gate_up,
                                            alignment=self.alignment)
-        self._silu_mul_quant(self.gate_up, self.act_q, self.act_s)
+        self._silu_mul_quant(self.gate_up, self.act_q, self.act_s, m_indices=m_indices)  # padding rows skipped
         G.m_grouped_fp8_gemm_nt_contiguous(self.act_q, self.act_s, ex.w2, ex.w2_scales, m_indices, out=self.down,
                                            alignment=self.alignment)
         self._account()
@@ -309,7 +310,7 @@ class MaskedExecutor(_Executor):
         e, m, ex = self.e, self.max_m, self.experts
         G.m_grouped_fp8_gemm_nt_masked(a, sa, ex.w13, ex.w13_scales, masked_m, expected_m=expected_m,
                                        out=self.gate_up)
-        self._silu_mul_quant(self.gate_up, self.act_q, self.act_s)
+        self._silu_mul_quant(self.gate_up, self.act_q, self.act_s, masked_m=masked_m)  # rows past masked_m skipped
         G.m_grouped_fp8_gemm_nt_masked(self.act_q.view(e, m, self.i), _batched(self.act_s, e, m), ex.w2,
                                        ex.w2_scales, masked_m, expected_m=expected_m, out=self.down)
         return self.down

@@ -106,15 +106,27 @@ def _per_token_group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax, up_off,
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
     POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr, SILU_MUL: tl.constexpr = False,
-    CUDA_EXP: tl.constexpr = True,
+    CUDA_EXP: tl.constexpr = True, rows_ptr=None, rows_per_expert=1, SKIP: tl.constexpr = 0,
 ):
-    """Rows of x (or, with SILU_MUL, bf16(silu(x[:, :up_off]) * x[:, up_off:])) per group."""
+    """Rows of x (or, with SILU_MUL, bf16(silu(x[:, :up_off]) * x[:, up_off:])) per group.
+    SKIP 1: rows whose id in rows_ptr is negative (contiguous padding) are skipped; SKIP 2: row r
+    is skipped when r % rows_per_expert >= rows_ptr[r // rows_per_expert] (masked_m). Skipped rows
+    are neither read nor written."""
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     groups = pid_g * GPP + tl.arange(0, GPP)
     cols = tl.arange(0, GROUP)
     rmask = rows < M
+    if SKIP == 1:
+        rmask &= tl.load(rows_ptr + rows, mask=rmask, other=-1) >= 0
+    elif SKIP == 2:
+        rmask &= (rows % rows_per_expert) < tl.load(rows_ptr + rows // rows_per_expert, mask=rmask, other=0)
+    if SKIP != 0:
+        # masked lanes still run the arithmetic, which bounds this kernel (exp and IEEE divisions):
+        # a tile of skipped rows returns before it
+        if tl.sum(rmask.to(tl.int32), axis=0) == 0:
+            return
     gmask = groups < NUM_GROUPS
     rows64 = rows.to(tl.int64)
     kofs = groups[None, :, None] * GROUP + cols[None, None, :]
@@ -300,24 +312,33 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, config=_config)
 
 
-def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None):
+def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None, skip=None):
     """The [BLOCK_M, GPP, group] tile kernel over m rows of g groups; up_off > 0: x2 is [g | u]
-    with u at column up_off, quantizing bf16(silu(g) * u)."""
+    with u at column up_off, quantizing bf16(silu(g) * u). skip: None, ("ids", m_indices) or
+    ("masked", masked_m, rows per expert): the rows to leave alone (the kernel's SKIP)."""
     block_m, gpp, warps, stages = config or _launch_config(m, g, group_size, packed)
+    mode = {None: 0, "ids": 1, "masked": 2}[skip[0] if skip else None]
     _per_token_group_quant_kernel[(triton.cdiv(m, block_m), triton.cdiv(g, gpp))](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
         OUT_DTYPES[q2.dtype], up_off, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
         POW2=pow2, PACKED=packed, INT8=q2.dtype == torch.int8, SILU_MUL=up_off > 0,
-        CUDA_EXP=not triton_env.interpreting(), num_warps=warps, num_stages=stages,
+        CUDA_EXP=not triton_env.interpreting(), rows_ptr=skip[1] if skip else None,
+        rows_per_expert=skip[2] if mode == 2 else 1, SKIP=mode, num_warps=warps, num_stages=stages,
     )
 
 
 def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,
-                        scale_layout: str = "row", eps: float = 1e-10) -> None:
+                        scale_layout: str = "row", eps: float = 1e-10, m_indices: torch.Tensor | None = None,
+                        masked_m: torch.Tensor | None = None) -> None:
     """The MoE activation, fused: act = bf16(silu(g) * u) for gate_up = [g | u] ([R, 2I] bf16),
     quantized per group into q [R, I] (fp8) and scales, in one pass (no act tensor).
     Same values as `per_token_group_quant_into((F.silu(g.float()) * u.float()).bfloat16(), ...)`
-    on the GPU (tests/quant/test_silu_mul_quant.py)."""
+    on the GPU (tests/quant/test_silu_mul_quant.py).
+
+    Rows no GEMM will read can be skipped (neither read nor written: q and scales keep what they
+    held): m_indices (int32 [R], the contiguous layout's row ids) skips rows whose id is negative
+    (padding); masked_m (int32 [E], R = E x rows per expert) skips expert e's rows from
+    masked_m[e] on."""
     if not isinstance(gate_up, torch.Tensor) or gate_up.dtype != torch.bfloat16 or gate_up.dim() != 2:
         got = (gate_up.dtype, tuple(gate_up.shape)) if isinstance(gate_up, torch.Tensor) else type(gate_up).__name__
         raise ValueError(f"gate_up must be a 2-D bfloat16 tensor [rows, 2 * I], got {got}")
@@ -337,12 +358,37 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
     g = i // group_size
     L.check_scales(scales, (), r, g, scale_layout, "scales", gate_up.device)
     eps = L.check_eps(eps)
+    skip = _skip_rows(r, gate_up.device, m_indices, masked_m)
     if scale_layout == "ue8m0":
         L.zero_row_padding(scales, r)
     if r == 0:
         return
     packed = scale_layout == "ue8m0"
-    _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i)
+    _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i, skip=skip)
+
+
+def _skip_rows(r, device, m_indices, masked_m):
+    """silu_mul_quant_into's row filter, validated: None, ("ids", m_indices) or ("masked", masked_m, R / E)."""
+    if m_indices is not None and masked_m is not None:
+        raise ValueError("give m_indices (contiguous layout) or masked_m (masked layout), not both")
+    for name, t in (("m_indices", m_indices), ("masked_m", masked_m)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            got = (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a contiguous 1-D int32 tensor, got {got}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, expected {device} (gate_up's device)")
+    if m_indices is not None:
+        if m_indices.shape[0] != r:
+            raise ValueError(f"m_indices must have one id per gate_up row ({r}), got {m_indices.shape[0]}")
+        return ("ids", m_indices)
+    if masked_m is not None:
+        e = masked_m.shape[0]
+        if e == 0 or r % e:
+            raise ValueError(f"masked_m has {e} experts, which do not divide gate_up's {r} rows")
+        return ("masked", masked_m, r // e)
+    return None
 
 
 def per_token_group_quant(x: torch.Tensor, group_size: int = 128, out_dtype: torch.dtype = torch.float8_e4m3fn,

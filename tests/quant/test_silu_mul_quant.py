@@ -58,3 +58,61 @@ def test_fused_bad_input():
         T.silu_mul_quant_into(gu, q, s, group_size=96)
     with pytest.raises(ValueError, match="scales"):
         T.silu_mul_quant_into(gu, q, L.alloc_scales((), 4, 1, "row", "cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["row", "col_tma", "ue8m0"])
+@pytest.mark.parametrize("how", ["m_indices", "masked_m"])
+def test_skipped_rows_are_neither_read_nor_written(device, layout, how):
+    """Rows no GEMM reads (contiguous padding ids -1; masked rows past masked_m, with a negative
+    and an oversized entry) keep their poison in q and the scales, and their gate_up input may be
+    NaN; the other rows equal the unskipped kernel's bit for bit."""
+    e, per, inter = 4, 40, 256
+    rows = e * per
+    g = torch.Generator().manual_seed(len(how) + len(layout))
+    gate_up = (torch.randn(rows, 2 * inter, generator=g) * 3).to(torch.bfloat16)
+    if how == "m_indices":
+        ids = torch.randint(-1, e, (rows,), generator=g, dtype=torch.int32)
+        keep = ids >= 0
+        skip = {"m_indices": ids.to(device)}
+    else:
+        masked = torch.tensor([0, 17, per + 5, -2], dtype=torch.int32)
+        keep = torch.arange(per)[None, :] < masked.clamp(0, per)[:, None]
+        keep = keep.reshape(-1)
+        skip = {"masked_m": masked.to(device)}
+    gate_up[~keep] = float("nan")  # never read
+    gate_up = gate_up.to(device)
+    q = poison_(torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device))
+    s = poison_(L.alloc_scales((), rows, inter // 128, layout, device))
+    T.silu_mul_quant_into(gate_up, q, s, 128, layout, **skip)
+    q_all = poison_(torch.empty_like(q))
+    s_all = poison_(L.alloc_scales((), rows, inter // 128, layout, device))
+    T.silu_mul_quant_into(gate_up, q_all, s_all, 128, layout)
+    qb, qa = q.view(torch.uint8).cpu(), q_all.view(torch.uint8).cpu()
+    assert torch.equal(qb[keep], qa[keep])
+    assert bool((qb[~keep] == 0x7B).all())
+    sv, sa = s.cpu(), s_all.cpu()
+    if layout != "ue8m0":  # one scale per (row, group): skipped rows keep the poison
+        assert torch.equal(sv[keep].view(torch.int32), sa[keep].view(torch.int32))
+        assert bool(torch.isnan(sv[~keep]).all())
+    else:  # packed words per row
+        poison = poison_(L.alloc_scales((), rows, inter // 128, layout, device)).cpu()
+        assert torch.equal(sv[:rows][keep], sa[:rows][keep])
+        assert torch.equal(sv[:rows][~keep], poison[:rows][~keep])
+
+
+def test_skip_bad_input():
+    gu = torch.randn(8, 512).to(torch.bfloat16)
+    q = torch.empty(8, 256, dtype=torch.float8_e4m3fn)
+    s = L.alloc_scales((), 8, 2, "row", "cpu")
+    ids = torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="not both"):
+        T.silu_mul_quant_into(gu, q, s, m_indices=ids, masked_m=ids[:2])
+    with pytest.raises(ValueError, match="m_indices must be a contiguous 1-D int32"):
+        T.silu_mul_quant_into(gu, q, s, m_indices=ids.long())
+    with pytest.raises(ValueError, match="one id per gate_up row"):
+        T.silu_mul_quant_into(gu, q, s, m_indices=ids[:7])
+    with pytest.raises(ValueError, match="masked_m has 3 experts"):
+        T.silu_mul_quant_into(gu, q, s, masked_m=ids[:3])
+    with pytest.raises(ValueError, match="masked_m must be a contiguous"):
+        T.silu_mul_quant_into(gu, q, s, masked_m=ids[::2])
