@@ -24,17 +24,18 @@ import contextlib
 
 import torch
 
-from bench.common import dump, environment, fp8_gemm_tflops, graph_ms, median_ms
+from bench.common import copy_bandwidth_gbs, copy_ms, dump, environment, fp8_gemm_tflops, graph_ms, median_ms
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.quant import block as B
 from rtp_fp8.quant import token_group as T
 
+EXPERT_NK = ((4096, 7168), (7168, 2048))  # DeepSeek-V3's expert gate_up and down (N, K)
 DENSE = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512), (4096, 7168, 16384), (4096, 4096, 7168),
-         (4096, 7168, 2048), (128, 7168, 16384), (128, 4096, 7168)]
+         (4096, 7168, 2048), (128, 7168, 16384)] + [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in EXPERT_NK]
 GROUPED = [(8, 4096, 4096, 7168), (8, 4096, 7168, 2048), (32, 512, 4096, 7168)]
-MASKED = [(8, 64, 4096, 7168), (8, 256, 7168, 2048), (32, 64, 4096, 7168), (32, 256, 7168, 2048)]
+MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 256) for n, k in EXPERT_NK]
 
 
 def _deepgemm():
@@ -55,32 +56,63 @@ def _beside(r, flops, call_dg, ours, theirs, rows=None):
 
 
 @contextlib.contextmanager
-def _triton_only():
-    G.USE_WS, old = False, G.USE_WS
+def _triton_only(splits=None):
+    """The Triton kernels (USE_WS off), split into `splits` K runs as sm90_ws split the call."""
+    old = G.USE_WS, G.FORCE_SPLIT_K
+    G.USE_WS, G.FORCE_SPLIT_K = False, splits
     try:
         yield
     finally:
-        G.USE_WS = old
+        G.USE_WS, G.FORCE_SPLIT_K = old
 
 
-def _kernel(refusal, m, n):
-    """What the dispatch runs: "sm90_ws 128xBN" (tile_n's width on this GPU) or "triton"."""
-    if refusal is not None:
-        return "triton"
-    return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}"
+def _kernel(refusal, m, n, k, rows=None):
+    """What the dispatch runs: "sm90_ws 128xBN" (tile_n's width on this GPU), "swap TxBN/S" (the
+    swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton" (TMA / pointer)."""
+    dense = rows is None
+    rows = m if rows is None else rows
+    if G.USE_SWAP and rows <= G.SWAP_MAX_ROWS:  # tried first (dense and masked)
+        bn, bt, _, splits = G.swap_config(rows, n, k, m if dense else None, A.num_sms(0))
+        return f"swap {bt}x{bn}/{splits}"
+    if refusal is None:
+        splits = G.ws_splits(G.DENSE, *_shapes(m, n, k)) if dense else 1
+        return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}" + (f"/{splits}" if splits > 1 else "")
+    return "triton"
+
+
+def _shapes(m, n, k):
+    """Stand-ins with the shapes ws_splits reads (a [M, K], b [N, K]) on the GPU."""
+    return torch.empty(m, k, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(n, k, device="cuda",
+                                                                                    dtype=torch.float8_e4m3fn)
+
+
+@contextlib.contextmanager
+def _unswapped():
+    G.USE_SWAP, old = False, G.USE_SWAP
+    try:
+        yield
+    finally:
+        G.USE_SWAP = old
 
 
 def _measure(flops, call, out, kernel):
-    """{ms, tflops, eager_ms, kernel} of the shipped dispatch (+ triton_tflops beside sm90_ws)."""
+    """{ms, tflops, eager_ms, kernel} of the shipped dispatch; beside sm90_ws the Triton kernel's
+    TFLOP/s (bit-identical output, checked), beside the swapped kernel the one it replaced (and
+    whether their outputs are bit-identical or how far apart)."""
     ms = graph_ms(call)
     r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call), "kernel": kernel}
     if kernel != "triton":
         shipped = out.clone()
-        with _triton_only():
+        splits = int(kernel.split("/")[1]) if kernel.startswith("sm90_ws") and "/" in kernel else None
+        with _triton_only(splits) if kernel.startswith("sm90_ws") else _unswapped():
             tms = graph_ms(call)
             r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
-            if not torch.equal(out, shipped):
+            same = torch.equal(out, shipped)
+            if kernel.startswith("sm90_ws") and not same:
                 raise AssertionError("sm90_ws and the Triton kernel differ")
+            rel = float((out.double() - shipped.double()).norm() / out.double().norm())
+            r["vs_triton"] = "bit" if same else f"{rel:.1e}"
+        out.copy_(shipped)  # DeepGEMM is compared with what the dispatch wrote
     return r
 
 
@@ -107,7 +139,7 @@ def grouped_inputs(g, m, n, k):
 def dense(m, n, k, dg=None):
     a, sa, b, sb, out = dense_inputs(m, n, k)
     r = _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
-                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n))
+                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k))
     if dg is not None:
         out_dg = torch.empty_like(out)
         _beside(r, 2 * m * n * k, lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg), out, out_dg)
@@ -121,7 +153,7 @@ def grouped(g, m, n, k, dg=None):
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 
     flops = 2 * g * m * n * k
-    r = _measure(flops, call, out, _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n))
+    r = _measure(flops, call, out, _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30))
     if dg is not None:
         out_dg = torch.empty_like(out)
         with D.mk_alignment(128, dg):
@@ -134,7 +166,7 @@ def masked_inputs(g, em, n, k):
     """(a, sa, b, sb, masked_m, out): g experts, capacity 2 * em rows, em of them valid."""
     from rtp_fp8.quant import layout as L
 
-    cap = 2 * em
+    cap = max(2 * em, 128)  # DeepGEMM 2.6.1 gives wrong rows at 32 (docs/perf.md); its tests use 4096
     x = torch.randn(g * cap, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     a, sa_flat = T.per_token_group_quant(x, 128, scale_layout="row")
@@ -149,7 +181,9 @@ def masked(g, em, n, k, dg=None):
     a, sa, b, sb, mm, out = masked_inputs(g, em, n, k)
     flops = 2 * g * em * n * k
     r = _measure(flops, lambda: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out), out,
-                 "triton")
+                 _kernel(G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em), g * em, n, k, rows=em))
+    if r["kernel"].startswith("sm90_ws"):
+        r["kernel"] = r["kernel"].replace("sm90_ws", "sm90_ws masked")
     if dg is not None:
         out_dg = torch.empty_like(out)
         _beside(r, flops, lambda: D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, em, out_dg, A.detect(), dg),
@@ -157,41 +191,59 @@ def masked(g, em, n, k, dg=None):
     return r
 
 
+def _line(r):
+    tri = f"{r['triton_tflops']:7.0f}" if "triton_tflops" in r else f"{'-':>7s}"
+    dgc = (f"{r['dg_tflops']:7.0f} {r['ours_over_dg']:7.2f} {r['same']:>7s}" if "dg_tflops" in r
+           else f"{'-':>7s} {'-':>7s} {'-':>7s}")
+    mem = (f" mem x{r['over_mem_limit']:.2f} (copy same bytes {r['copy_same_bytes_us']:.1f} us)"
+           if "over_mem_limit" in r else "")
+    return (f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>19s} {r['ms']:8.3f} {r['tflops']:8.0f} "
+            f"{r['ratio']:6.2f} {r['eager_ms']:9.3f} {tri} {dgc}{mem}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
     ceiling = fp8_gemm_tflops()
+    copy = copy_bandwidth_gbs()
     dg, why = _deepgemm()
-    rows = []
-    for m, n, k in DENSE:
-        r = dense(m, n, k, dg)
-        rows.append({"kind": "dense", "shape": [m, n, k], **r, "ratio": r["tflops"] / ceiling})
-    for g, m, n, k in GROUPED:
-        r = grouped(g, m, n, k, dg)
-        rows.append({"kind": f"contiguous G={g}", "shape": [m, n, k], **r, "ratio": r["tflops"] / ceiling})
-    for g, em, n, k in MASKED:
-        r = masked(g, em, n, k, dg)
-        rows.append({"kind": f"masked G={g}", "shape": [em, n, k], **r, "ratio": r["tflops"] / ceiling})
     env = environment()
     env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
-    if args.out:
-        dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "results": rows})
     print(env)
-    print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s")
-    print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>15s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
-          f"{'triton':>7s} {'dg':>7s} {'ours/dg':>7s} {'same':>7s}")
-    for r in rows:
-        tri = f"{r['triton_tflops']:7.0f}" if "triton_tflops" in r else f"{'-':>7s}"
-        dgc = (f"{r['dg_tflops']:7.0f} {r['ours_over_dg']:7.2f} {r['same']:>7s}" if "dg_tflops" in r
-               else f"{'-':>7s} {'-':>7s} {'-':>7s}")
-        print(f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>15s} {r['ms']:8.3f} {r['tflops']:8.0f} "
-              f"{r['ratio']:6.2f} {r['eager_ms']:9.3f} {tri} {dgc}")
+    print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {copy:.0f} GB/s")
+    print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>19s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
+          f"{'triton':>7s} {'dg':>7s} {'ours/dg':>7s} {'same':>7s}", flush=True)
+    rows = []
+
+    def done(kind, shape, r):
+        rows.append({"kind": kind, "shape": list(shape), **r, "ratio": r["tflops"] / ceiling})
+        print(_line(rows[-1]), flush=True)
+        if args.out:  # after every row: a run cut short keeps what it measured
+            dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "copy_gbs": copy, "results": rows})
+
+    for m, n, k in DENSE:
+        r = dense(m, n, k, dg)
+        if m <= 64:  # memory-bound: the weight's bytes at the copy bandwidth measured in this run
+            r["mem_limit_us"] = n * k / (copy * 1e9) * 1e6
+            r["over_mem_limit"] = r["ms"] * 1e3 / r["mem_limit_us"]
+            # and a device copy moving the same bytes (N*K/2 read, N*K/2 written), graph-timed like the GEMM:
+            # what a plain memory-bound kernel of this size takes, its fixed launch cost included
+            r["copy_same_bytes_us"] = copy_ms(n * k // 2, graph=True)[0] * 1e3
+        done("dense", (m, n, k), r)
+    for g, m, n, k in GROUPED:
+        done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg))
+    for g, em, n, k in MASKED:
+        done(f"masked G={g}", (em, n, k), masked(g, em, n, k, dg))
     if rows and all("dg_tflops" in r for r in rows):
         import math
 
-        geo = math.exp(sum(math.log(r["ours_over_dg"]) for r in rows) / len(rows))
-        print(f"ours/dg geomean over {len(rows)} shapes: {geo:.3f}")
+        def geo(sel):
+            return math.exp(sum(math.log(r["ours_over_dg"]) for r in sel) / len(sel)) if sel else float("nan")
+
+        big = [r for r in rows if r["kind"] == "dense" and r["shape"][0] == 4096]
+        print(f"ours/dg geomean over {len(rows)} shapes: {geo(rows):.3f}; dense M=4096: {geo(big):.3f}; "
+              f"lowest {min(r['ours_over_dg'] for r in rows):.2f}")
 
 
 if __name__ == "__main__":

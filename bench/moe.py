@@ -110,16 +110,26 @@ def bench_executor(t=4096, inter=2048):
         "layout+scatter": graph_ms(lambda: layout_scatter(q, s, ids, ex.a, ex.a_scales, c)),
         "gemm gate_up": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
             ex.a, ex.a_scales, experts.w13, experts.w13_scales, mi, out=ex.gate_up, alignment=ALIGN)),
-        "silu*mul+quant": graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s)),
+        "silu*mul+quant": graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s, m_indices=mi)),
         "gemm down": graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous(
             ex.act_q, ex.act_s, experts.w2, experts.w2_scales, mi, out=ex.down, alignment=ALIGN)),
         "gather": graph_ms(lambda: K.ep_gather(ex.down, w, oidx)),
     }
     local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
     flops = 2 * local * (2 * inter * H + inter * H)
+    # before the padding rows were skipped: silu*mul+quant over every workspace row, and the forward with it
+    all_rows = graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s))
+    silu = ex._silu_mul_quant
+    ex._silu_mul_quant = lambda gate_up, q_out, s_out, **skip: silu(gate_up, q_out, s_out)
+    total_all_rows = graph_ms(lambda: ex(x, ids, w))
+    ex._silu_mul_quant = silu
+    rows = int((mi >= 0).sum())
+    silu_bytes = rows * (2 * inter * 2 + inter + 4 * inter // 128) + mi.numel() * 4  # bf16 in, fp8 + scales out, ids
     return {"t": t, "inter": inter, "cap": ex.cap, "local_routes": local, "total_us": total * 1e3,
             "parts_us": {k: v * 1e3 for k, v in parts.items()}, "sum_parts_us": sum(parts.values()) * 1e3,
-            "tflops": flops / (total * 1e-3) / 1e12}
+            "tflops": flops / (total * 1e-3) / 1e12, "silu_rows": rows, "silu_bytes": silu_bytes,
+            "silu_gbs": silu_bytes / (parts["silu*mul+quant"] * 1e-3) / 1e9, "silu_all_rows_us": all_rows * 1e3,
+            "total_all_rows_us": total_all_rows * 1e3}
 
 
 def main():
@@ -147,6 +157,9 @@ def main():
           ", ".join(f"T={r['t']} x{r['fanout']} {r['fanout_copy_gbs']:.0f} GB/s" for r in rows))
     print(f"executor T={ex['t']} I={ex['inter']}: {ex['total_us']:.0f} us ({ex['tflops']:.0f} TFLOP/s) vs sum of parts "
           f"{ex['sum_parts_us']:.0f} us: " + ", ".join(f"{k} {v:.0f}" for k, v in ex["parts_us"].items()))
+    print(f"silu*mul+quant over the {ex['silu_rows']} routed rows: {ex['parts_us']['silu*mul+quant']:.0f} us = "
+          f"{ex['silu_gbs']:.0f} GB/s ({ex['silu_gbs'] / copy:.2f} of copy); over all {ex['cap']} workspace rows "
+          f"{ex['silu_all_rows_us']:.0f} us; forward with the all-rows step {ex['total_all_rows_us']:.0f} us")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,115 @@
+"""Launch choices for the decode-path GEMMs (issue #28), timed on the GPU.
+
+    PYTHONPATH=. python3 bench/decode_sweep.py [--out sweep.json]
+
+Dense: the swapped kernel (block_scaled._fp8_gemm_swap_kernel) per (BLOCK_N, stages, splits,
+token-tile cap) against the TMA kernel the dispatch takes without it, on DeepSeek-V3's decode
+shapes. Masked: the swapped kernel, sm90_ws's masked mode and the Triton pointer kernel per
+expected_m. CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
+(SWAP_*) and the masked dispatch; docs/perf.md has the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+from bench.common import dump, environment, graph_ms
+from bench.gemm import dense_inputs, masked_inputs
+from rtp_fp8.gemm.triton import block_scaled as G
+
+DENSE = [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
+MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
+
+
+@contextlib.contextmanager
+def patched(**values):
+    old = {k: getattr(G, k) for k in values}
+    for k, v in values.items():
+        setattr(G, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(G, k, v)
+
+
+def _time(call):
+    try:
+        return graph_ms(call) * 1e3
+    except Exception as exc:  # noqa: BLE001 - a candidate that cannot run (shared memory) is reported, not fatal
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def dense_rows():
+    rows = []
+    for m, n, k in DENSE:
+        ops = dense_inputs(m, n, k)
+
+        def call(ops=ops):
+            a, sa, b, sb, out = ops
+            G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+        r = {"shape": [m, n, k], "shipped": _time(call)}
+        with patched(USE_SWAP=False):
+            r["tma"] = _time(call)
+        cands = {}
+        for bn in (64, 128):
+            for stages in (4, 6, 8):
+                for splits in (1, 2, 4, 8):
+                    if splits > 1 and k // 128 < 2 * splits:
+                        continue
+                    with patched(SWAP_MAX_ROWS=256, SWAP_BLOCK_N=bn, SWAP_STAGES=stages, FORCE_SPLIT_K=splits):
+                        cands[f"bn{bn} s{stages} k{splits}"] = _time(call)
+        r["swap"] = cands
+        ok = {c: t for c, t in cands.items() if isinstance(t, float)}
+        r["best_swap"] = min(ok, key=ok.get) if ok else None
+        rows.append(r)
+        print(r["shape"], f"shipped {r['shipped']:.1f} tma {r['tma']:.1f} best swap {r['best_swap']} "
+              f"{ok.get(r['best_swap'], float('nan')):.1f}", flush=True)
+    return rows
+
+
+def masked_rows():
+    rows = []
+    for g, em, n, k in MASKED:
+        ops = masked_inputs(g, em, n, k)
+        a, sa, b, sb, mm, out = ops
+
+        def call(ops=ops, em=em):
+            a, sa, b, sb, mm, out = ops
+            G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out)
+
+        r = {"g": g, "shape": [em, n, k], "shipped": _time(call)}
+        with patched(SWAP_MAX_ROWS=256, USE_WS=False):
+            for stages in (4, 6, 8):
+                for bn in (64, 128):
+                    with patched(SWAP_STAGES=stages, SWAP_BLOCK_N=bn):
+                        r[f"swap bn{bn} s{stages}"] = _time(call)
+        with patched(SWAP_MAX_ROWS=0):
+            r["ws"] = _time(call) if G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em) is None else \
+                G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em)
+        with patched(USE_SWAP=False, USE_WS=False):
+            r["pointer"] = _time(call)
+        rows.append(r)
+        print(f"G={g}", r["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in r.items()
+                                     if c not in ("g", "shape")}, flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--only", choices=("dense", "masked"))
+    args = ap.parse_args()
+    res = {"env": environment()}
+    if args.only != "masked":
+        res["dense"] = dense_rows()
+    if args.only != "dense":
+        res["masked"] = masked_rows()
+    if args.out:
+        dump(args.out, res)
+
+
+if __name__ == "__main__":
+    main()
