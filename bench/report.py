@@ -41,6 +41,8 @@ def gemm_section(d: dict, path: str) -> str:
     def row(r):
         eager = f"{r['eager_ms']:.3f}" if "eager_ms" in r else "-"
         tri = f"{r['triton_tflops']:.0f}" if "triton_tflops" in r else "-"
+        if "vs_triton" in r:
+            tri += f" ({r['vs_triton']})"
         extra = (f" {r['dg_tflops']:.0f} | {r['ours_over_dg']:.2f} | {r['same']} |" if "dg_tflops" in r
                  else " - | - | - |") if dg else ""
         return (f"| {r['kind']} | {tuple(r['shape'])} | {r.get('kernel', 'triton')} | {r['ms']:.3f} | "
@@ -61,21 +63,39 @@ def gemm_section(d: dict, path: str) -> str:
                    "on the same operands in the same run; \"same output\" is `bit` where both outputs are "
                    "bit-identical (masked: on the rows below masked_m, the rest being unspecified). "
                    f"Geomean ours / DeepGEMM over {len(ratios)} shapes: **{geo:.3f}**. Masked shapes: "
-                   "M = expected_m = masked_m rows per expert, capacity 2 * expected_m.\n")
+                   "M = expected_m = masked_m rows per expert, capacity "
+                   f"{'max(2 * expected_m, 128)' if 'copy_gbs' in d else '2 * expected_m'}.\n")
+    mem = [r for r in d["results"] if "mem_limit_us" in r]
+    mem_text = ""
+    if mem:
+        mem_rows = "\n".join(f"| {tuple(r['shape'])} | {r['kernel']} | {r['ms'] * 1e3:.1f} | {r['mem_limit_us']:.1f} | "
+                             f"{r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |" for r in mem)
+        mem_text = f"""
+Memory-bound rows (dense M <= 64): the limit is the weight's bytes (N x K) at the copy bandwidth
+measured in the same run ({d['copy_gbs']:.0f} GB/s, read + write); "copy, same bytes" is a device copy
+moving N x K bytes in all, graph-timed like the GEMM (its fixed launch cost included; at these sizes
+the buffers fit in the 50 MB L2, so it can beat the bandwidth limit).
+
+| M, N, K | kernel | us | limit (us) | ours / limit | copy, same bytes (us) |
+|---|---|---:|---:|---:|---:|
+{mem_rows}
+"""
     return f"""## Block-scaled FP8 GEMM (`bench/gemm.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
 Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
 **{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128). Times are
 CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost. "kernel"
-is what the shipped dispatch ran: `sm90_ws 128xBN` (warp-specialized Gluon, SM90; BN the tile width
-`sm90_ws.tile_n` chose) or `triton`; beside `sm90_ws` the Triton kernel's TFLOP/s in the same run
-(bit-identical output, checked).
+is what the shipped dispatch ran: `sm90_ws 128xBN[/S]` (warp-specialized Gluon, SM90; BN the tile
+width `sm90_ws.tile_n` chose, S its K splits; `sm90_ws masked` its masked mode), `swap TxBN/S` (the
+decode kernel: T-token by BN-weight-row tiles, S K splits) or `triton`; beside them the kernel the
+dispatch would take without them in the same run (USE_WS / USE_SWAP off, the same K splits), with
+`bit` where the outputs are bit-identical.
 {dg_text}
 {head}
 {rule}
 {rows}
-"""
+{mem_text}"""
 
 
 def _fanout(r: dict) -> str:
@@ -91,6 +111,13 @@ def moe_section(d: dict, path: str) -> str:
                      f"{r['gather_ratio']:.2f} |"
                      for r in d["results"])
     parts = "\n".join(f"| {k} | {v:.0f} |" for k, v in ex["parts_us"].items())
+    silu = ""
+    if "silu_gbs" in ex:
+        silu = (f"\nsilu*mul+quant reads and writes only the {ex['silu_rows']} routed rows (padding skipped): "
+                f"{ex['parts_us']['silu*mul+quant']:.0f} us = {ex['silu_gbs']:.0f} GB/s "
+                f"({ex['silu_gbs'] / d['copy_gbs']:.2f} of copy). Over all {ex['cap']} workspace rows, as before, "
+                f"it takes {ex['silu_all_rows_us']:.0f} us and the forward {ex['total_all_rows_us']:.0f} us "
+                "(same run).\n")
     return f"""## MoE EP scatter / gather and the contiguous executor (`bench/moe.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.
@@ -113,7 +140,7 @@ parts timed alone {ex['sum_parts_us']:.0f} us.
 | part | us |
 |---|---:|
 {parts}
-"""
+{silu}"""
 
 
 def main(paths: list[str]) -> int:
@@ -126,7 +153,7 @@ def main(paths: list[str]) -> int:
         if d.get("bench") == "moe":
             out.append(moe_section(d, p))
         else:
-            out.append(quant_section(d, p) if "copy_gbs" in d else gemm_section(d, p))
+            out.append(gemm_section(d, p) if "cublaslt_fp8_tflops" in d else quant_section(d, p))
     sys.stdout.write("\n".join(out))
     return 0
 
