@@ -82,18 +82,14 @@ def _spy(monkeypatch, name):
     return calls
 
 
-def test_swap_config(monkeypatch):
+def test_swap_config():
     st = G.SWAP_STAGES
     assert G.swap_config(1, 4096, 7168, 1, 132) == (128, 16, st, 4)  # 32 programs -> 4 K splits
-    assert G.swap_config(64, 7168, 2048, 64, 132) == (64, 32, st, 1)  # 56 programs -> 112 of 64 rows -> 224
-    assert G.swap_config(64, 4096, 7168, 64, 132) == (128, 32, st, 2)  # 32 -> 64 of 32 tokens, then 2 K splits
-    assert G.swap_config(33, 4096, 512, 33, 132) == (128, 32, st, 1)  # 64 programs, 4 K blocks: no split
+    assert G.swap_config(64, 7168, 2048, 64, 132) == (64, 64, st, 1)  # 56 programs -> 112 of 64 rows
+    assert G.swap_config(33, 4096, 512, 33, 132) == (128, 64, st, 1)  # 32 programs, 4 K blocks: no split
     assert G.swap_config(16, 32768, 7168, 16, 132) == (128, 16, st, 1)  # 256 programs fill the GPU
     assert G.swap_config(16, 4096, 7168, None, 132) == (128, 16, st, 1)  # masked: one expert per grid row
     assert G.swap_config(16, 4096, 7168, 16, None) == (128, 16, st, 1)  # no GPU (the interpreter)
-    monkeypatch.setattr(G, "SWAP_HALVE_T", False)  # the rule before 32-token tiles
-    assert G.swap_config(64, 7168, 2048, 64, 132) == (64, 64, st, 1)
-    assert G.swap_config(64, 4096, 7168, 64, 132) == (128, 64, st, 4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -526,29 +526,26 @@ SWAP_BLOCK_N = 128  # weight rows per program (the MMA's M side)
 SWAP_STAGES = 4  # bench/decode_sweep.py on the H200: 4 beat 6 and 8 on every decode shape
 SWAP_MIN_BLOCKS = 8  # K blocks each split keeps at least (swapped kernel)
 SWAP_SPLIT_MAX = 8
-SWAP_HALVE_T = True  # dense grids short of the SM count take 32-token tiles before splitting K
 
 
 def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_T, STAGES, SPLIT_K) of the swapped kernel for `rows` rows (dense M or masked
     expected_m): BLOCK_T the power of two >= rows (16 to 64). A dense call (m its M; None: masked)
-    whose grid of SWAP_BLOCK_N-row tiles leaves SMs idle halves BLOCK_N when that fills half the
-    SMs (then never splits K), then takes 32-token tiles (SWAP_HALVE_T), then splits K, each split
-    keeping SWAP_MIN_BLOCKS K blocks (sms None: no GPU, none of these unless forced).
-    bench/decode_sweep.py on the H200: N=7168 K=2048 is fastest in 64-row tiles unsplit, N=4096
-    K=7168 in 128-row tiles split 4 (with 64-token tiles; docs/perf.md for 32)."""
+    whose grid of SWAP_BLOCK_N-row tiles leaves SMs idle first halves BLOCK_N (when that fills
+    half the SMs), else splits K, each split keeping SWAP_MIN_BLOCKS K blocks (sms None: no GPU,
+    neither unless forced). bench/decode_sweep.py on the H200: N=7168 K=2048 is fastest in 64-row
+    tiles unsplit, N=4096 K=7168 in 128-row tiles split 4."""
     bt = min(64, max(16, triton.next_power_of_2(max(rows, 1))))
     bn, splits = SWAP_BLOCK_N, 1
     if m is not None and FORCE_SPLIT_K is not None:
         splits = FORCE_SPLIT_K
     elif m is not None and sms is not None:
-        narrow = bn > 64 and cdiv(n, bn) * cdiv(m, bt) < sms <= 4 * cdiv(n, bn) * cdiv(m, bt)
-        if narrow:
-            bn = 64
-        if SWAP_HALVE_T and bt > 32 and cdiv(n, bn) * cdiv(m, bt) < sms:
-            bt = 32  # twice the programs, each half the tokens, before K is split
         progs = cdiv(n, bn) * cdiv(m, bt)
-        if progs < sms and not narrow:
+        if progs >= sms:
+            pass
+        elif 4 * progs >= sms and bn > 64:
+            bn = 64
+        else:
             splits = max(1, min(SWAP_SPLIT_MAX, sms // progs, cdiv(k, GRAN) // SWAP_MIN_BLOCKS))
     return bn, bt, SWAP_STAGES, splits
 
