@@ -312,18 +312,21 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, config=_config)
 
 
-def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None, skip=None):
+NO_SKIP = (0, None, 1)  # (SKIP, rows_ptr, rows_per_expert) of _per_token_group_quant_kernel: every row
+
+
+def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None, skip=NO_SKIP):
     """The [BLOCK_M, GPP, group] tile kernel over m rows of g groups; up_off > 0: x2 is [g | u]
-    with u at column up_off, quantizing bf16(silu(g) * u). skip: None, ("ids", m_indices) or
-    ("masked", masked_m, rows per expert): the rows to leave alone (the kernel's SKIP)."""
+    with u at column up_off, quantizing bf16(silu(g) * u). skip: the kernel's (SKIP, rows_ptr,
+    rows_per_expert), the rows to leave alone (_skip_rows)."""
     block_m, gpp, warps, stages = config or _launch_config(m, g, group_size, packed)
-    mode = {None: 0, "ids": 1, "masked": 2}[skip[0] if skip else None]
+    mode, rows_ptr, rows_per_expert = skip
     _per_token_group_quant_kernel[(triton.cdiv(m, block_m), triton.cdiv(g, gpp))](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
         OUT_DTYPES[q2.dtype], up_off, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
         POW2=pow2, PACKED=packed, INT8=q2.dtype == torch.int8, SILU_MUL=up_off > 0,
-        CUDA_EXP=not triton_env.interpreting(), rows_ptr=skip[1] if skip else None,
-        rows_per_expert=skip[2] if mode == 2 else 1, SKIP=mode, num_warps=warps, num_stages=stages,
+        CUDA_EXP=not triton_env.interpreting(), rows_ptr=rows_ptr, rows_per_expert=rows_per_expert, SKIP=mode,
+        num_warps=warps, num_stages=stages,
     )
 
 
@@ -368,7 +371,8 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
 
 
 def _skip_rows(r, device, m_indices, masked_m):
-    """silu_mul_quant_into's row filter, validated: None, ("ids", m_indices) or ("masked", masked_m, R / E)."""
+    """silu_mul_quant_into's row filter, validated, as the kernel's (SKIP, rows_ptr, rows_per_expert):
+    NO_SKIP, (1, m_indices, 1) or (2, masked_m, R / E)."""
     if m_indices is not None and masked_m is not None:
         raise ValueError("give m_indices (contiguous layout) or masked_m (masked layout), not both")
     for name, t in (("m_indices", m_indices), ("masked_m", masked_m)):
@@ -382,13 +386,13 @@ def _skip_rows(r, device, m_indices, masked_m):
     if m_indices is not None:
         if m_indices.shape[0] != r:
             raise ValueError(f"m_indices must have one id per gate_up row ({r}), got {m_indices.shape[0]}")
-        return ("ids", m_indices)
+        return (1, m_indices, 1)
     if masked_m is not None:
         e = masked_m.shape[0]
         if e == 0 or r % e:
             raise ValueError(f"masked_m has {e} experts, which do not divide gate_up's {r} rows")
-        return ("masked", masked_m, r // e)
-    return None
+        return (2, masked_m, r // e)
+    return NO_SKIP
 
 
 def per_token_group_quant(x: torch.Tensor, group_size: int = 128, out_dtype: torch.dtype = torch.float8_e4m3fn,
