@@ -12,26 +12,13 @@ expected_m. CUDA-graph medians in us; what it prints chose the constants in bloc
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from bench.common import dump, environment, graph_ms
-from bench.gemm import dense_inputs, masked_inputs
+from bench.gemm import dense_inputs, masked_inputs, patched
 from rtp_fp8.gemm.triton import block_scaled as G
 
 DENSE = [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
 MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
-
-
-@contextlib.contextmanager
-def patched(**values):
-    old = {k: getattr(G, k) for k in values}
-    for k, v in values.items():
-        setattr(G, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(G, k, v)
 
 
 def _time(call):

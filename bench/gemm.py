@@ -50,69 +50,62 @@ def _beside(r, flops, call_dg, ours, theirs, rows=None):
     ms = graph_ms(call_dg)
     r["dg_tflops"] = flops / (ms * 1e-3) / 1e12
     r["ours_over_dg"] = r["tflops"] / r["dg_tflops"]
-    o, t = (ours, theirs) if rows is None else (ours[rows], theirs[rows])
-    r["same"] = "bit" if torch.equal(o, t) else f"{float((o.double() - t.double()).norm() / t.double().norm()):.1e}"
+    r["same"] = _same(ours, theirs, rows)
     return r
 
 
+def _same(out, ref, rows=None):
+    """"bit" where out and ref (on `rows` only) are bit-identical, else their relative L2 to ref."""
+    o, t = (out, ref) if rows is None else (out[rows], ref[rows])
+    return "bit" if torch.equal(o, t) else f"{float((o.double() - t.double()).norm() / t.double().norm()):.1e}"
+
+
 @contextlib.contextmanager
-def _triton_only(splits=None):
-    """The Triton kernels (USE_WS off), split into `splits` K runs as sm90_ws split the call."""
-    old = G.USE_WS, G.FORCE_SPLIT_K
-    G.USE_WS, G.FORCE_SPLIT_K = False, splits
+def patched(**values):
+    """Set block_scaled's module flags (USE_WS, USE_SWAP, FORCE_SPLIT_K, SWAP_*) for the block."""
+    old = {k: getattr(G, k) for k in values}
+    for k, v in values.items():
+        setattr(G, k, v)
     try:
         yield
     finally:
-        G.USE_WS, G.FORCE_SPLIT_K = old
+        for k, v in old.items():
+            setattr(G, k, v)
 
 
-def _kernel(refusal, m, n, k, rows=None):
-    """What the dispatch runs: "sm90_ws 128xBN" (tile_n's width on this GPU), "swap TxBN/S" (the
-    swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton" (TMA / pointer)."""
+def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
+    """(label, flags) of what the dispatch runs: "sm90_ws 128xBN[/S]" (tile_n's width on this GPU,
+    ws_splits S), "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K
+    splits) or "triton" (TMA / pointer); flags: the patched() values that take the kernel it
+    replaces (the Triton kernels split as sm90_ws split; the unswapped dispatch), None for triton."""
     dense = rows is None
     rows = m if rows is None else rows
     if G.USE_SWAP and rows <= G.SWAP_MAX_ROWS:  # tried first (dense and masked)
         bn, bt, _, splits = G.swap_config(rows, n, k, m if dense else None, A.num_sms(0))
-        return f"swap {bt}x{bn}/{splits}"
+        return f"swap {bt}x{bn}/{splits}", {"USE_SWAP": False}
     if refusal is None:
-        splits = G.ws_splits(G.DENSE, *_shapes(m, n, k)) if dense else 1
-        return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}" + (f"/{splits}" if splits > 1 else "")
-    return "triton"
-
-
-def _shapes(m, n, k):
-    """Stand-ins with the shapes ws_splits reads (a [M, K], b [N, K]) on the GPU."""
-    return torch.empty(m, k, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(n, k, device="cuda",
-                                                                                    dtype=torch.float8_e4m3fn)
-
-
-@contextlib.contextmanager
-def _unswapped():
-    G.USE_SWAP, old = False, G.USE_SWAP
-    try:
-        yield
-    finally:
-        G.USE_SWAP = old
+        label = f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}"
+        return label + (f"/{ws_splits}" if ws_splits > 1 else ""), {
+            "USE_WS": False, "FORCE_SPLIT_K": ws_splits if ws_splits > 1 else None}
+    return "triton", None
 
 
 def _measure(flops, call, out, kernel, rows=None):
-    """{ms, tflops, eager_ms, kernel} of the shipped dispatch; beside sm90_ws the Triton kernel's
-    TFLOP/s (bit-identical output, checked), beside the swapped kernel the one it replaced (and
-    whether their outputs are bit-identical or how far apart; masked: on `rows`, those below masked_m)."""
+    """{ms, tflops, eager_ms, kernel} of the shipped dispatch (kernel: _kernel's (label, flags));
+    beside sm90_ws the Triton kernel's TFLOP/s (bit-identical output, checked), beside the swapped
+    kernel the one it replaced (and whether their outputs are bit-identical or how far apart;
+    masked: on `rows`, those below masked_m)."""
+    label, flags = kernel
     ms = graph_ms(call)
-    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call), "kernel": kernel}
-    if kernel != "triton":
+    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call), "kernel": label}
+    if flags is not None:
         shipped = out.clone()
-        splits = int(kernel.split("/")[1]) if kernel.startswith("sm90_ws") and "/" in kernel else None
-        with _triton_only(splits) if kernel.startswith("sm90_ws") else _unswapped():
+        with patched(**flags):
             tms = graph_ms(call)
-            r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
-            o, t = (out, shipped) if rows is None else (out[rows], shipped[rows])
-            same = torch.equal(o, t)
-            if kernel.startswith("sm90_ws") and not same:
-                raise AssertionError("sm90_ws and the Triton kernel differ")
-            rel = float((o.double() - t.double()).norm() / o.double().norm())
-            r["vs_triton"] = "bit" if same else f"{rel:.1e}"
+        r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
+        r["vs_triton"] = _same(shipped, out, rows)
+        if label.startswith("sm90_ws") and r["vs_triton"] != "bit":
+            raise AssertionError("sm90_ws and the Triton kernel differ")
         out.copy_(shipped)  # DeepGEMM is compared with what the dispatch wrote
     return r
 
@@ -140,7 +133,7 @@ def grouped_inputs(g, m, n, k):
 def dense(m, n, k, dg=None):
     a, sa, b, sb, out = dense_inputs(m, n, k)
     r = _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
-                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k))
+                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b)))
     if dg is not None:
         out_dg = torch.empty_like(out)
         _beside(r, 2 * m * n * k, lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg), out, out_dg)
