@@ -32,6 +32,25 @@ def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str = ""):
     assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ; first at {bad.nonzero()[:3].tolist()}"
 
 
+def assert_bf16_last_bit(got: torch.Tensor, ref: torch.Tensor):
+    """got equals ref up to a flip of BF16's last bit (a regrouped FP32 sum rounded once more)."""
+    diff = (got.float() - ref.float()).abs()
+    assert (diff <= ref.float().abs() * 2**-7 + 1e-6).all(), float(diff.max())
+
+
+def quantized_weights(w: torch.Tensor, fmt: str):
+    """(b, sb) of BF16 weights [.., N, K] in a GEMM scale format: "fp32" (128x128 blocks),
+    "fp32_rows" (the blocks' scales repeated per row) or "ue8m0" (packed, per row)."""
+    from rtp_fp8.quant import block as B
+
+    if fmt == "ue8m0":
+        return B.quantize_weight_ue8m0_packed(w)
+    b, sb = B.quantize_weight_blocks(w)
+    if fmt == "fp32_rows":
+        sb = sb.repeat_interleave(128, -2)[..., :w.shape[-2], :].contiguous()
+    return b, sb
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -16,11 +16,10 @@ rest of a 64-row half (the TMA store), which is asserted.
 import pytest
 import torch
 
-from helpers import DEVICES, rel_l2
+from helpers import DEVICES, assert_bf16_last_bit, quantized_weights, rel_l2
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
-from rtp_fp8.quant import block as B
 from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
@@ -30,12 +29,7 @@ GUARD = 3  # columns past N in every output buffer, which must stay NaN
 
 def _weights(e, n, k, fmt, device, g):
     w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
-    if fmt == "ue8m0":
-        return B.quantize_weight_ue8m0_packed(w)
-    b, sb = B.quantize_weight_blocks(w)
-    if fmt == "fp32_rows":
-        sb = sb.repeat_interleave(128, -2)[..., :n, :].contiguous()
-    return b, sb
+    return quantized_weights(w, fmt)
 
 
 def _dense(m, n, k, fmt, device, seed):
@@ -61,12 +55,6 @@ def _out(shape, device, guard=GUARD):
     """(poisoned buffer, out = its first N columns); guard 8 keeps rows 16-byte aligned (TMA store)."""
     buf = torch.full((*shape[:-1], shape[-1] + guard), float("nan"), dtype=torch.bfloat16, device=device)
     return buf, buf[..., :shape[-1]]
-
-
-def _close_to(got, ref):
-    """The last BF16 bit or one flip of it (a different FP32 summation order inside a step)."""
-    diff = (got.float() - ref.float()).abs()
-    assert (diff <= ref.float().abs() * 2**-7 + 1e-6).all(), float(diff.max())
 
 
 def _spy(monkeypatch, name):
@@ -110,7 +98,7 @@ def test_dense_swapped_kernel(monkeypatch, device, fmt, m, n, k, splits):
     assert rel_l2(out.cpu(), GR.gemm_nt_ref(a, sa, b, sb).cpu()) <= TOL
     monkeypatch.setattr(G, "USE_SWAP", False)
     monkeypatch.setattr(G, "FORCE_SPLIT_K", None)
-    _close_to(out, G.fp8_gemm_nt(a, sa, b, sb))
+    assert_bf16_last_bit(out, G.fp8_gemm_nt(a, sa, b, sb))
 
 
 def test_dense_takes_the_swapped_kernel_only_for_few_rows(monkeypatch):
@@ -145,7 +133,7 @@ def test_masked_swapped_kernel(monkeypatch, device, fmt, expected_m):
         assert torch.isnan(out[i, mm:]).all()
         if mm:
             assert not torch.isnan(out[i, :mm]).any()
-            _close_to(out[i, :mm], ref[i, :mm])
+            assert_bf16_last_bit(out[i, :mm], ref[i, :mm])
             assert rel_l2(out[i, :mm].cpu(), oracle[i, :mm]) <= TOL
 
 

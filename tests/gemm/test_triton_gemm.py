@@ -10,12 +10,11 @@ rounding ~2e-3). Outputs are poisoned with NaN first, so unwritten elements fail
 import pytest
 import torch
 
-from helpers import DEVICES, rel_l2
+from helpers import DEVICES, quantized_weights, rel_l2
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import backends as BK
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
-from rtp_fp8.quant import block as B
 from rtp_fp8.quant import token_group as T
 
 TOL = 5e-3
@@ -51,17 +50,8 @@ def _operands(m, n, k, fmt, device, e=None, seed=0):
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     x = torch.nn.functional.pad(x, (0, -k % 128)).to(device)
     w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
-    if fmt == "ue8m0":
-        a, sa = T.per_token_group_quant(x, 128, scale_layout="ue8m0")
-        b, sb = B.quantize_weight_ue8m0_packed(w)
-    elif fmt == "fp32_rows":
-        a, sa = T.per_token_group_quant(x, 128, scale_layout="row")
-        b, sb_blocks = B.quantize_weight_blocks(w)
-        sb = sb_blocks.repeat_interleave(128, -2)[..., :n, :].contiguous()
-    else:
-        a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
-        b, sb = B.quantize_weight_blocks(w)
-    return a[:, :k].contiguous(), sa, b, sb
+    a, sa = T.per_token_group_quant(x, 128, scale_layout={"ue8m0": "ue8m0", "fp32_rows": "row"}.get(fmt, "col_tma"))
+    return (a[:, :k].contiguous(), sa, *quantized_weights(w, fmt))
 
 
 def _nan(shape, device):
