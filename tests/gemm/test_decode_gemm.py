@@ -172,7 +172,7 @@ def _triton_masked(monkeypatch, *args, **kwargs):
 @needs_gluon
 @pytest.mark.gpu_sm90
 @pytest.mark.parametrize("mmax,epilogue", [(384, "tma"), (384, "pointer"), (200, "pointer")])
-@pytest.mark.parametrize("bn", [128, 256])
+@pytest.mark.parametrize("bn", [64, 128, 256])
 def test_ws_masked_is_bit_identical_to_triton(monkeypatch, mmax, epilogue, bn):
     """Uneven experts (empty, 1 row, one tile exactly, a ragged tile, all Mmax rows, a clamped
     entry) walked by the persistent scheduler over more tiles than programs; Mmax=200 (not whole

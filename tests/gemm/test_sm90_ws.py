@@ -56,23 +56,24 @@ def test_plan_accepts_the_sm90_case_and_names_each_refusal():
 
 
 def test_plan_splits_k_of_small_dense_grids():
-    a, sa, b, sb = _ops(256, 4096, 7168, "cpu")  # 2 x 32 tiles, 56 K blocks
-    assert W.split_k(64, 56, 132) == 2 and _plan(a, sa, b, sb) is None
+    a, sa, b, sb = _ops(256, 4096, 7168, "cpu")  # 2 x 32 tiles of 128x128, 56 K blocks
+    assert W.split_k(64, 56, 132) == 2 and _plan(a, sa, b, sb, bn=128) is None
     assert W.split_k(32, 56, 132) == 4  # M=128
     assert W.split_k(56, 16, 132) == 1  # K=2048: 16 K blocks, too few to split
     assert W.split_k(132, 56, 132) == 1 and W.split_k(8, 56, 132, dense=False) == 1
-    a, sa, b, sb = _ops(128, 7168, 2048, "cpu")  # 56 tiles, no split: 56 < 0.75 x 132
-    assert _plan(a, sa, b, sb) == "56 tiles of 128x128 for 132 SMs"
-    a, sa, b, sb = _ops(128, 1024, 7168, "cpu")  # 8 tiles x 4 splits
-    assert _plan(a, sa, b, sb) == "8 tiles of 128x128 x 4 K splits for 132 SMs"
+    a, sa, b, sb = _ops(128, 7168, 2048, "cpu")  # 56 tiles of 128x128, no split: 56 < 0.75 x 132
+    assert _plan(a, sa, b, sb, bn=128) == "56 tiles of 128x128 for 132 SMs"
+    assert _plan(a, sa, b, sb) is None  # tile_n's default: 112 tiles of 128x64
+    a, sa, b, sb = _ops(128, 1024, 7168, "cpu")  # 16 tiles of 128x64 x 4 splits
+    assert _plan(a, sa, b, sb) == "16 tiles of 128x64 x 4 K splits for 132 SMs"
 
 
 def test_plan_counts_wide_tiles(monkeypatch):
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")  # 12 x 6 tiles of 128x256
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN) == "72 tiles of 128x256 for 132 SMs"
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN, sms=72) is None
-    assert _plan(a, sa, b, sb, bn=192) == "bn must be 128 or 256, got 192"
-    monkeypatch.setattr(W, "BN", W.WIDE_BN)  # plan's default counts BN-wide tiles
+    assert _plan(a, sa, b, sb, bn=192) == "bn must be 64, 128 or 256, got 192"
+    monkeypatch.setattr(W, "tile_n", lambda m, n, sms: W.WIDE_BN)  # plan's default counts tile_n's tiles
     assert _plan(a, sa, b, sb) == "72 tiles of 128x256 for 132 SMs"
 
 
@@ -80,8 +81,10 @@ def test_plan_counts_wide_tiles(monkeypatch):
     (4096, 2048, 132, 256), (4096, 7168, 132, 256), (4096, 24576, 132, 256),  # whole wide tiles, >= 1 wave
     (4096, 2112, 132, 128), (1100, 2000, 132, 128), (1536, 1408, 132, 128),  # N not whole wide tiles
     (2048, 2048, 132, 128), (2048, 2048, 128, 256), (2049, 2048, 132, 256),  # 16 x 8 = 128 wide tiles
+    (256, 4096, 132, 64), (128, 4096, 132, 64), (128, 7168, 132, 64), (64, 7168, 132, 64),  # narrow: <= 1 wave
+    (256, 7168, 132, 128), (256, 4096, 127, 128), (257, 4096, 132, 128), (1, 8448, 132, 64), (1, 8512, 132, 128),
 ])
-def test_tile_n_takes_wide_tiles_where_n_is_whole_ones_and_they_fill_the_gpu(m, n, sms, bn):
+def test_tile_n_takes_wide_tiles_where_they_fill_the_gpu_and_narrow_ones_where_those_make_one_wave(m, n, sms, bn):
     assert W.tile_n(m, n, sms) == bn
 
 
@@ -132,17 +135,18 @@ def _triton(monkeypatch, fn, *args, **kwargs):
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128),
-                                   (4096, 2048, 640)])  # the last in 128x256 tiles (tile_n)
+@pytest.mark.parametrize("m,n,k,bn", [(1100, 2000, 1664, 128), (4096, 2112, 640, 128), (1536, 1408, 128, 128),
+                                      (4096, 2048, 640, 256),  # 128x256 tiles (tile_n)
+                                      (256, 4100, 1664, 64)])  # 2 x 65 tiles of 128x64, the last 4 columns wide
 @pytest.mark.parametrize("epilogue", ["tma", "pointer"])
-def test_dense_is_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
+def test_dense_is_bit_identical_to_triton(monkeypatch, m, n, k, bn, epilogue):
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + k)
     pad = 8 if epilogue == "tma" else 3  # an odd row stride rules the TMA store out
     buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
     calls, widths = _spy(monkeypatch)
     G.fp8_gemm_nt(a, sa, b, sb, out=out)
-    assert calls == [G.DENSE] and widths == [256 if n == 2048 else 128]  # H200: 132 SMs
+    assert calls == [G.DENSE] and widths == [bn]  # H200: 132 SMs
     ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
     assert torch.equal(out, ref)
     assert bool(torch.isnan(buf[:, n:]).all())  # guard columns untouched
@@ -195,23 +199,25 @@ def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k,splits", [(256, 4096, 7168, None), (100, 1100, 1664, 3), (300, 2048, 512, 4)])
-def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits):
-    """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch, or forced by a direct
-    launch): the partials equal the Triton kernel's split into the same runs of K blocks, so the
-    reduced output is bit-identical; a 4-way split of 4 K blocks leaves no split empty-handed."""
+@pytest.mark.parametrize("m,n,k,splits,bn", [(128, 4096, 7168, None, 64), (100, 1100, 1664, 3, 128),
+                                             (300, 2048, 512, 4, 128), (200, 2080, 1664, 3, 64)])
+def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits, bn):
+    """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch: M=128 in 64 tiles of
+    128x64, 2 splits; or forced by a direct launch, 128- and 64-wide tiles): the partials equal the
+    Triton kernel's split into the same runs of K blocks, so the reduced output is bit-identical; a
+    4-way split of 4 K blocks leaves no split empty-handed."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n)
     buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
     if splits is None:
         splits = G.ws_splits(G.DENSE, a, b)
         assert splits == 2
-        calls, _ = _spy(monkeypatch)
+        calls, widths = _spy(monkeypatch)
         G.fp8_gemm_nt(a, sa, b, sb, out=out)
-        assert calls == [G.DENSE]
+        assert calls == [G.DENSE] and widths == [bn]
     else:
         parts = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device="cuda")
-        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits)
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits, bn=bn)
         G._reduce_splits(parts, out)
     with monkeypatch.context() as mp:
         mp.setattr(G, "FORCE_SPLIT_K", splits)
@@ -223,13 +229,13 @@ def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, spli
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("n", [2048, 2112])
-def test_wide_grouped_tiles_are_bit_identical_to_triton(monkeypatch, n):
-    """Wide contiguous tiles, launched directly: padding rows, an out-of-range id and empty
-    experts, counters; N=2112 puts the next expert's B rows in the last tile's second half, which
-    must not reach the output."""
-    ids, a, sa, b, sb, out, cnt = _grouped_case(n, 1152, seed=n)
-    W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, out, bn=W.WIDE_BN)
+@pytest.mark.parametrize("n,bn", [(2048, 256), (2112, 256), (2048, 64), (2080, 64)])
+def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, n, bn):
+    """Wide and narrow contiguous tiles, launched directly: padding rows, an out-of-range id and empty
+    experts, counters (counted once per row tile, not per narrow tile); N=2112 (wide) and N=2080
+    (narrow) put the next expert's B rows in the last tile, which must not reach the output."""
+    ids, a, sa, b, sb, out, cnt = _grouped_case(n, 1152, seed=n + bn)
+    W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, out, bn=bn)
     cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
     ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
     assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)

@@ -1,6 +1,7 @@
 """The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py), dense, m-grouped
 contiguous and m-grouped masked, with and without the TMA-store epilogue, compiles for sm_90a without a GPU: three
-partitions (two consumer warpgroups, one producer warp), async m64n128k32 FP8 wgmma, no spills,
+partitions (two consumer warpgroups, one producer warp), async m64n128k32 FP8 wgmma (m64n64k32 in
+narrow tiles), no spills,
 and none of ptxas's wgmma serialization warnings (C7514, which an MMA result carried across the
 loop edge causes). Its results and numbers come from the GPU (tests/gemm/test_sm90_ws.py,
 bench/gemm.py); this keeps it buildable where CI has no GPU.
@@ -39,16 +40,20 @@ kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.ar
 
 @pytest.mark.parametrize("mode,epi_tma,bn,split", [
     (0, 0, 128, 0), (0, 1, 128, 0), (1, 0, 128, 0), (1, 1, 128, 0), (2, 0, 128, 0), (2, 1, 128, 0), (0, 0, 128, 1),
-    (0, 0, sm90_ws.WIDE_BN, 0), (0, 1, sm90_ws.WIDE_BN, 0), (1, 0, sm90_ws.WIDE_BN, 0), (2, 1, sm90_ws.WIDE_BN, 0)],
+    (0, 0, sm90_ws.WIDE_BN, 0), (0, 1, sm90_ws.WIDE_BN, 0), (1, 0, sm90_ws.WIDE_BN, 0), (2, 1, sm90_ws.WIDE_BN, 0),
+    (0, 1, sm90_ws.NARROW_BN, 0), (0, 0, sm90_ws.NARROW_BN, 1), (1, 1, sm90_ws.NARROW_BN, 0),
+    (2, 0, sm90_ws.NARROW_BN, 0), (2, 1, sm90_ws.NARROW_BN, 0)],
     ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "masked", "masked-tma_store",
-         "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store"])
+         "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store",
+         "narrow-dense-tma_store", "narrow-dense-split_k", "narrow-contiguous-tma_store", "narrow-masked",
+         "narrow-masked-tma_store"])
 def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split):
     """Every variant launch() can run (wide contiguous tiles keep pointer stores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split)],
                    check=True, cwd=ROOT, env=env)
-    wide = bn != 128
+    wide = bn == sm90_ws.WIDE_BN
     ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
@@ -59,8 +64,10 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split):
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else 2) if epi_tma else 0)
     assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
     # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps);
-    # wide: 2 consumers x 2 sites (one per 128-column half) x 4
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == (2 * 2 * 4 if wide else 2 * 3 * 4)
+    # wide: 2 consumers x 2 sites (one per 128-column half) x 4; narrow: m64n64 wgmmas
+    width = min(bn, 128)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3") == (2 * 2 * 4 if wide else 2 * 3 * 4)
+    assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)

@@ -25,8 +25,9 @@ promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split
 Persistent programs walk tiles pid, pid + nprog, ... in block_scaled's grouped-M order; all
 three partitions walk the same sequence.
 
-Tile width: launch() takes 128x256 tiles (WIDE_BN) where tile_n() says so, i.e. where N is whole
-wide tiles and there are enough of them to fill the GPU, else 128x128 (BN); `bn=` forces one.
+Tile width: launch() takes what tile_n() says: 128x256 (WIDE_BN) where N is whole wide tiles and
+there are enough of them to fill the GPU, 128x64 (NARROW_BN) where even those make at most one
+wave (decode-sized M), else 128x128 (BN); `bn=` forces one.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ BM, BK, HALF = 128, 128, 64
 # less load traffic per FLOP; the wgmmas still read A from shared memory once per half).
 # bench/ws_tiles.py on the H200 (docs/perf.md): WIDE_BN is 4-9 % faster on every M=4096 shape whose N
 # is whole wide tiles, and 11 % slower at N=2112 (a last tile three quarters empty; 2.2 waves).
+# NARROW_BN (64): each consumer's m64n64 wgmma; for grids too small for the GPU in 128-wide tiles
+# (decode batches of 128-256 rows): twice the tiles, so fewer (or no) K splits.
 BN = 128
 WIDE_BN = 256
+NARROW_BN = 64
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
+STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
 GROUP_M = 8
 # Tiles of this many 128-column blocks or more walk GROUP_M_WIDE row tiles per group: measured on the H200
 # (4096 x 24576 x 1536: 940 -> 975 TFLOP/s, 4096 x 32768 x 512: 775 -> 801; N <= 7168 within 1 % of 8).
@@ -72,7 +77,7 @@ WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 def boxes(bn=None):
     bn = bn or BN
     return {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
-            "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, 128], "bfloat16", "bf16")}
+            "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, min(bn, 128)], "bfloat16", "bf16")}
 
 
 def _box_layout(block, dtype):
@@ -178,10 +183,10 @@ def _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n):
 
 
 @gluon.jit
-def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col_blk, c: gl.constexpr, e, nk, M,
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col0, c: gl.constexpr, e, nk, M,
                MODE: gl.constexpr):
     """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
-    become zeros; 128-column block 0 counts the -1 rows (counters[0]) and rows of another or an
+    become zeros; the store of column 0 counts the -1 rows (counters[0]) and rows of another or an
     invalid id (counters[1]), as the Triton kernels do. Dense and masked: v unchanged."""
     if MODE == 1:
         rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
@@ -189,32 +194,33 @@ def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col_blk, c: gl.c
         ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
         ok = rmask & (ids == e) & (nk > 0)
         v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
-        if col_blk == 0:
+        if col0 == 0:
             gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
             gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
     return v
 
 
 @gluon.jit
-def _store_half(acc, h: gl.constexpr, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col_blk, e,
-                nk, M, N, stride_dm, mma_layout: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
-    """Consumer c's 64 rows of 128-column block col_blk, as bf16 (h: which of a wide tile's halves).
-    row0: the tile's first row of `out` (viewed as 2-D); M: the end of the rows it may write (the
-    expert's masked_m in masked mode, whose TMA store needs M rows per expert in whole halves)."""
+def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, M, N, stride_dm,
+                mma_layout: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
+    """Consumer c's 64 rows of the acc-wide column run from col0 (a tile, or a wide tile's half), as
+    bf16. row0: the tile's first row of `out` (viewed as 2-D); M: the end of the rows it may write
+    (the expert's masked_m in masked mode, whose TMA store needs M rows per expert in whole halves)."""
+    TW: gl.constexpr = acc.shape[1]
     if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next step starts
-        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, row0, col_blk, c, e, nk, M, MODE)
+        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, row0, col0, c, e, nk, M, MODE)
         cbuf = c_bufs.index(c)
         tma.store_wait(0)  # the previous store has read the buffer
         cbuf.store(vt)
         fence_async_shared()
         if (MODE != 2) | (row0 + c * 64 < M):  # masked: a half past masked_m is another expert's rows
-            tma.async_copy_shared_to_global(c_desc, [row0 + c * 64, col_blk * 128], cbuf)
+            tma.async_copy_shared_to_global(c_desc, [row0 + c * 64, col0], cbuf)
     else:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         v = _mask_rows(gl.convert_layout(acc.to(d_ptr.dtype.element_ty), out_layout), out_layout, grp_ptr, cnt_ptr,
-                       row0, col_blk, c, e, nk, M, MODE)
+                       row0, col0, c, e, nk, M, MODE)
         rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
-        cols = col_blk * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, out_layout))
+        cols = col0 + gl.arange(0, TW, layout=gl.SliceLayout(0, out_layout))
         dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
         gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
 
@@ -227,18 +233,19 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
+    TW: gl.constexpr = 128 if TN > 128 else TN  # one wgmma's width (a wide tile runs two)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
     ring = (a_bufs, b_bufs, sa_bufs, full, empty)
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, 128, 32])
+                                                         instr_shape=[16, TW, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    zero = gl.zeros((64, 128), gl.float32, mma_layout)
-    blk = pid_n * (TN // 128)  # the tile's first 128-column block (its B scale row)
-    sb_row = sb_ptr + e * stride_sbe + blk * stride_sbn
+    zero = gl.zeros((64, TW), gl.float32, mma_layout)
+    col0 = pid_n * TN
+    sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
-    if TN == 128:
+    if TN <= 128:
         # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
         part = zero
         sa = gl.zeros((64, ), gl.float32, row_layout)
@@ -251,18 +258,18 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
             acc, part, sa, sb, g = _step(c, k_lo + nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
                                          row_layout)
         acc = acc + part * gl.expand_dims(sa * sb, 1)
-        _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk, e, nk, row_end, N, stride_dm,
+        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
     else:
         acc1 = zero
-        hi_ok = (blk + 1) * 128 < N
+        hi_ok = col0 + 128 < N
         for kb in range(k_lo, k_lo + nk):
             acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
                                       row_layout)
-        _store_half(acc, 0, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk, e, nk, row_end, N, stride_dm,
+        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
         if hi_ok:
-            _store_half(acc1, 1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, blk + 1, e, nk, row_end, N,
+            _store_half(acc1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0 + 128, e, nk, row_end, N,
                         stride_dm, mma_layout, MODE, EPI_TMA)
     return g
 
@@ -389,8 +396,11 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
 
 def tile_n(m, n, num_sms):
     """The tile width launch() takes by default: WIDE_BN where N is whole 256-column tiles and they
-    make at least one wave on num_sms SMs, else BN."""
-    return WIDE_BN if n % WIDE_BN == 0 and cdiv(m, BM) * (n // WIDE_BN) >= num_sms else BN
+    make at least one wave on num_sms SMs; NARROW_BN where even 64-column tiles make at most one
+    wave (a grid of 128-wide tiles would fill at most half the SMs); else BN."""
+    if n % WIDE_BN == 0 and cdiv(m, BM) * (n // WIDE_BN) >= num_sms:
+        return WIDE_BN
+    return NARROW_BN if cdiv(m, BM) * cdiv(n, NARROW_BN) <= num_sms else BN
 
 
 def _tile_rows(a, masked_rows):
@@ -445,9 +455,9 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
         num_sms = A.num_sms(a.device.index or 0)
-    bn = bn or BN
-    if bn not in (128, WIDE_BN):
-        return f"bn must be 128 or {WIDE_BN}, got {bn}"
+    bn = bn or tile_n(_tile_rows(a, masked_rows), n, num_sms)
+    if bn not in (NARROW_BN, BN, WIDE_BN):
+        return f"bn must be {NARROW_BN}, {BN} or {WIDE_BN}, got {bn}"
     tiles = cdiv(_tile_rows(a, masked_rows), BM) * cdiv(n, bn)
     splits = split_k(tiles, cdiv(k, BK), num_sms, dense=not grouped and masked_rows is None)
     if tiles * splits < MIN_FILL * num_sms:  # too little work to fill the GPU: the Triton kernel's smaller tiles
@@ -470,7 +480,7 @@ def _descriptors(a, b2, sa, out, epi_tma, bn):
 
 
 def _stages(bn):
-    return STAGES if (bn or BN) == 128 else STAGES_WIDE
+    return {NARROW_BN: STAGES_NARROW, WIDE_BN: STAGES_WIDE}.get(bn, STAGES)
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
