@@ -7,15 +7,26 @@ token-tile cap) against the TMA kernel the dispatch takes without it, on DeepSee
 shapes. Masked: the swapped kernel, sm90_ws's masked mode and the Triton pointer kernel per
 expected_m. CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
 (SWAP_*) and the masked dispatch; docs/perf.md has the run.
+
+--only ws: sm90_ws launched directly on the dense decode shapes per (tile width, ring depth, K
+splits), beside the shipped dispatch and DeepGEMM (when importable) on the same operands; each
+candidate's output must equal the Triton kernel's split into the same K runs bit for bit. Chose
+sm90_ws.NARROW_BN / STAGES_NARROW and tile_n's rule.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+
+import torch
 
 from bench.common import dump, environment, graph_ms
-from bench.gemm import dense_inputs, masked_inputs, patched
+from bench.gemm import _deepgemm, dense_inputs, masked_inputs, patched
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.gemm.triton import sm90_ws as W
 
 DENSE = [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
 MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
@@ -84,15 +95,71 @@ def masked_rows():
     return rows
 
 
+@contextlib.contextmanager
+def _ring(bn, stages):
+    """sm90_ws's ring depth for tiles bn wide set to `stages` for the block."""
+    name = {W.NARROW_BN: "STAGES_NARROW", W.WIDE_BN: "STAGES_WIDE"}.get(bn, "STAGES")
+    old = getattr(W, name)
+    setattr(W, name, stages)
+    try:
+        yield
+    finally:
+        setattr(W, name, old)
+
+
+def _ws_shape(m, n, k, dg):
+    a, sa, b, sb, out = dense_inputs(m, n, k)
+    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
+    if dg is not None:
+        out_dg = torch.empty_like(out)
+        r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    for splits in (1, 2, 4):
+        if k // 128 < 4 * splits:
+            continue
+        parts = torch.empty(splits, m, n, dtype=torch.float32, device="cuda")
+        with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=splits):  # 1: unsplit (the TMA kernel's own rule off)
+            ref = G.fp8_gemm_nt(a, sa, b, sb)
+        for bn, depths in ((W.NARROW_BN, (4, 6, 8)), (W.BN, (W.STAGES,))):
+            def call(bn=bn, splits=splits, parts=parts):
+                if splits == 1:
+                    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn)
+                else:
+                    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, bn=bn, splits=splits)
+                    G._reduce_splits(parts, out)
+            for stages in depths:
+                with _ring(bn, stages):
+                    out.fill_(float("nan"))
+                    t = _time(call)
+                if isinstance(t, float) and not torch.equal(out, ref):
+                    t = "differs from the Triton split"
+                r[f"ws bn{bn} s{stages} k{splits}"] = t
+    ok = {c: t for c, t in r.items() if c.startswith("ws") and isinstance(t, float)}
+    r["best_ws"] = min(ok, key=ok.get) if ok else None
+    return r
+
+
+def ws_rows():
+    rows = []
+    dg, _ = _deepgemm()
+    for m, n, k in DENSE:
+        if m > 1:
+            rows.append(_ws_shape(m, n, k, dg))
+            print(rows[-1]["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in rows[-1].items()
+                                      if c != "shape"}, flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--only", choices=("dense", "masked"))
+    ap.add_argument("--only", choices=("dense", "masked", "ws"))
     args = ap.parse_args()
     res = {"env": environment()}
-    if args.only != "masked":
+    if args.only == "ws":
+        res["ws"] = ws_rows()
+    if args.only in (None, "dense"):
         res["dense"] = dense_rows()
-    if args.only != "dense":
+    if args.only in (None, "masked"):
         res["masked"] = masked_rows()
     if args.out:
         dump(args.out, res)

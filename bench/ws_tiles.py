@@ -1,11 +1,11 @@
-"""The SM90 warp-specialized GEMM's tile width on the GPU: shipped 128x128 tiles against the
-128x256 experiment (sm90_ws.WIDE_BN), both through sm90_ws.launch.
+"""The SM90 warp-specialized GEMM's tile width on the GPU: 128x128 tiles against 128x256
+(sm90_ws.WIDE_BN) and 128x64 (sm90_ws.NARROW_BN), all through sm90_ws.launch.
 
     PYTHONPATH=. python3 bench/ws_tiles.py [--out results.json] [--stages 3 4]
 
 bench/gemm.py's M=4096 dense shapes and its grouped shapes; TFLOP/s of CUDA-graph replays and the
-ratio to cuBLASLt's per-tensor FP8 GEMM (8192^3) measured in the same run. Each wide output must
-equal the 128-wide one bit for bit (same FP32 promotion order), else the run stops. --stages
+ratio to cuBLASLt's per-tensor FP8 GEMM (8192^3) measured in the same run. Each wide and narrow
+output must equal the 128-wide one bit for bit (same FP32 promotion order), else the run stops. --stages
 sweeps sm90_ws.STAGES_WIDE (slots of the wide ring; four fill 226 KB of shared memory).
 """
 
@@ -37,6 +37,11 @@ def _row(flops, launch, out, stages):
             row[f"tflops_{W.WIDE_BN}_s{s}"] = flops / (ms * 1e-3) / 1e12
     finally:
         W.STAGES_WIDE = old
+    out.fill_(float("nan"))
+    ms = graph_ms(functools.partial(launch, bn=W.NARROW_BN))
+    if not torch.equal(out, shipped):
+        raise AssertionError(f"128x{W.NARROW_BN} tiles differ from 128x128")
+    row[f"tflops_{W.NARROW_BN}"] = flops / (ms * 1e-3) / 1e12
     return row
 
 
