@@ -64,18 +64,33 @@ def _swizzled_tile(t, TILES_M, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk,
-             SB_ROW_DIV: tl.constexpr, PACKED_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    """acc + (a @ b^T) * scale_a * scale_b for one 128-K step. With 128x128 B blocks and
-    BLOCK_N <= 128 the step has one B scale, folded into A's per-row scales, so the promotion
-    is one FMA per accumulator element."""
+def _promote_part(acc, part, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk,
+                  SB_ROW_DIV: tl.constexpr, PACKED_B: tl.constexpr, BLOCK_N: tl.constexpr, A_AXIS: tl.constexpr):
+    """acc + part * scale_a * scale_b for one 128-K step's FP32 MMA result `part`, whose axis A_AXIS
+    runs along A's rows (0: [rows, cols]; 1: the swapped kernel's [cols, rows]). With 128x128 B
+    blocks and BLOCK_N <= 128 the step has one B scale, folded into A's per-row scales, so the
+    promotion is one FMA per accumulator element."""
     if (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B):
-        sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
-        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * (sa * sb)[:, None]
+        sab = sa * tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
+        if A_AXIS == 0:
+            acc += part * sab[:, None]
+        else:
+            acc += part * sab[None, :]
     else:
         sb = _load_scale(sb_base, cols // SB_ROW_DIV, kb, stride_sbn, stride_sbk, cmask, PACKED_B)
-        acc += tl.dot(a, tl.trans(b), out_dtype=tl.float32) * sa[:, None] * sb[None, :]
+        if A_AXIS == 0:
+            acc += part * sa[:, None] * sb[None, :]
+        else:
+            acc += part * sa[None, :] * sb[:, None]
     return acc
+
+
+@triton.jit
+def _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk,
+             SB_ROW_DIV: tl.constexpr, PACKED_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc + (a @ b^T) * scale_a * scale_b for one 128-K step."""
+    return _promote_part(acc, tl.dot(a, tl.trans(b), out_dtype=tl.float32), sa, sb_base, pid_n, cols, cmask, kb,
+                         stride_sbn, stride_sbk, SB_ROW_DIV, PACKED_B, BLOCK_N, 0)
 
 
 @triton.jit
@@ -257,13 +272,8 @@ def _fp8_gemm_swap_kernel(
             b = b_desc.load([e * N + pid_n * BLOCK_N, kb * 128])
             a = a_desc.load([e * M + t0, kb * 128])
             sa = _load_scale(sa_base, toks, kb, stride_sam, stride_sak, tmask, PACKED_A)
-            part = tl.dot(b, tl.trans(a), out_dtype=tl.float32)
-            if (SB_ROW_DIV == 128) and (BLOCK_N <= 128) and (not PACKED_B):
-                sb = tl.load(sb_base + (pid_n * BLOCK_N // 128) * stride_sbn + kb * stride_sbk)
-                acc += part * (sa * sb)[None, :]
-            else:
-                sb = _load_scale(sb_base, ns // SB_ROW_DIV, kb, stride_sbn, stride_sbk, nmask, PACKED_B)
-                acc += part * sa[None, :] * sb[:, None]
+            acc = _promote_part(acc, tl.dot(b, tl.trans(a), out_dtype=tl.float32), sa, sb_base, pid_n, ns, nmask, kb,
+                                stride_sbn, stride_sbk, SB_ROW_DIV, PACKED_B, BLOCK_N, 1)
         d_ptrs = (d_ptr + split * stride_ws + e * stride_de + toks[None, :] * stride_dm + ns[:, None] * stride_dn)
         tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=nmask[:, None] & tmask[None, :])
 
