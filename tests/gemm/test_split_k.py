@@ -1,6 +1,9 @@
 """Split-K in the dense TMA GEMM (small grids on big GPUs): the policy, and the split path
 forced on any shape against the float64 oracle and the unsplit kernel. Outputs are poisoned
-with NaN first; the split result is deterministic (partials added in a fixed order)."""
+with NaN first; the split result is deterministic (partials added in a fixed order). The split
+reduction's programmatic dependent launch: where it applies (CPU), and on the H200 replayed in a
+CUDA graph on new operands, bit-identical to plain launches for the swapped, sm90_ws and TMA
+kernels' splits."""
 
 import pytest
 import torch
@@ -42,3 +45,59 @@ def test_forced_split_matches_the_oracle_and_the_unsplit_kernel(monkeypatch, dev
     assert rel_l2(outs[0].cpu(), GR.gemm_nt_ref(a, sa, b, sb).cpu()) < 5e-3
     # only the regrouping of FP32 partials differs from the unsplit kernel: BF16 last-bit flips at most
     assert_bf16_last_bit(outs[0], whole)
+
+
+def test_pdl_only_where_a_gpu_can_run_it(monkeypatch):
+    """Programmatic dependent launch of the split reduction: on SM90+ GPUs with USE_PDL, never
+    under the interpreter, on older GPUs or when the caller's kernel has no split."""
+    from rtp_fp8 import arch as A
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(9, 0))
+    assert G._pdl_args(dev) == {"PDL": True, "launch_pdl": True} or not G.HAS_GDC
+    assert G._pdl_args(dev, on=False) == {}
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(8, 0))
+    assert G._pdl_args(dev) == {}
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(12, 0))
+    monkeypatch.setattr(G, "USE_PDL", False)
+    assert G._pdl_args(dev) == {}
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k,flags", [
+    (64, 4096, 7168, {}),  # the swapped kernel, 4 splits
+    (128, 4096, 7168, {}),  # sm90_ws 128x64 tiles, 2 splits
+    (128, 1024, 7168, {"USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 3}),  # the TMA kernel
+])
+def test_pdl_split_reduction_replayed_in_a_cuda_graph(monkeypatch, m, n, k, flags):
+    """The reduction launched dependent on the GEMM, captured in a CUDA graph and replayed on new
+    operands (the stale partials of the previous replay must never show): bit-identical to plain
+    launches run eagerly."""
+    for name, value in flags.items():
+        monkeypatch.setattr(G, name, value)
+    gen = torch.Generator().manual_seed(m + n)
+
+    def operands():
+        x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16)
+        return (*T.per_token_group_quant(x, 128, scale_layout="col_tma"), *B.quantize_weight_blocks(w))
+
+    a, sa, b, sb = operands()
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    for _ in range(3):
+        new = operands()
+        for buf, val in zip((a, sa, b, sb), new):
+            buf.copy_(val)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        with monkeypatch.context() as mp:
+            mp.setattr(G, "USE_PDL", False)
+            ref = G.fp8_gemm_nt(*new)
+        assert torch.equal(out, ref)
+        assert rel_l2(out.cpu(), GR.gemm_nt_ref(*new).cpu()) < 5e-3

@@ -40,6 +40,21 @@ try:  # Gluon (triton.experimental.gluon) ships with Triton >= 3.5; without it e
 except ImportError:  # pragma: no cover - the pinned Triton versions have Gluon
     sm90_ws = None
 
+try:  # grid dependency control (programmatic dependent launch, SM90+): Triton >= 3.5
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - the pinned Triton versions have it
+    HAS_GDC = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
 GRAN = 128
 DENSE, CONTIGUOUS, MASKED = 0, 1, 2
 
@@ -234,6 +249,7 @@ def _fp8_gemm_swap_kernel(
     M, N, K, stride_dm, stride_dn, stride_de, stride_sae, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr, stride_ws,
+    PDL: tl.constexpr = False,
 ):
     """Few rows (decode): D^T = B @ A^T, weight rows on the MMA's M side (BLOCK_N of them) and the
     token rows on its N side (BLOCK_T, down to 16), so that a handful of tokens does not pad a
@@ -241,7 +257,11 @@ def _fp8_gemm_swap_kernel(
     partials at d_ptr + split * stride_ws (the caller adds them in a fixed order). Masked: axis 2
     is the expert, which walks its masked_m rows in BLOCK_T steps (A viewed as [E * M, K]: a step's
     rows past masked_m read the next expert's rows and are not stored). Each 128-K step promotes
-    with scale_a x scale_b as the other kernels do."""
+    with scale_a x scale_b as the other kernels do. PDL (dense splits, one wave of programs): the
+    split reduction, launched dependent on this kernel, may start launching at once; it waits for
+    this grid to finish before it reads a partial."""
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_n = pid % tiles_n
@@ -279,10 +299,15 @@ def _fp8_gemm_swap_kernel(
 
 
 @triton.jit
-def _split_reduce_kernel(ws_ptr, d_ptr, MN, N, stride_dm, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    """d = bf16(ws[0] + ws[1] + ...): FP32 split-K partials [SPLITS, M, N] added in split order."""
+def _split_reduce_kernel(ws_ptr, d_ptr, MN, N, stride_dm, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    """d = bf16(ws[0] + ws[1] + ...): FP32 split-K partials [SPLITS, M, N] added in split order.
+    PDL: launched dependent on the GEMM that wrote ws, it waits for that grid to complete (and its
+    stores to be visible) before the first load; its launch overlaps the GEMM's tail."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
+    if PDL:
+        gdc_wait()
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
@@ -586,18 +611,31 @@ def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div)
         target, sa, sb, grp, m, n, k, d_m, d_n, d_e, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode, BLOCK_N=bn, BLOCK_T=bt, STAGES=stages,
         SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0, num_warps=4,
+        **_pdl_args(out.device, splits > 1),
     )
     if splits > 1:
         _reduce_splits(target, out)
     return True
 
 
+USE_PDL = True  # tests patch it to False to compare with plain launches
+
+
+def _pdl_args(device: torch.device, on: bool = True) -> dict:
+    """Launch arguments of a kernel taking a PDL constexpr: programmatic dependent launch where `on`
+    and USE_PDL, on an SM90+ GPU with a Triton that has grid dependency control; else none."""
+    if not (on and USE_PDL and HAS_GDC) or triton_env.interpreting() or A.detect(device).major < 9:
+        return {}
+    return {"PDL": True, "launch_pdl": True}
+
+
 def _reduce_splits(ws, out):
-    """out = bf16(sum of the FP32 partials ws [S, M, N] in split order): one launch."""
+    """out = bf16(sum of the FP32 partials ws [S, M, N] in split order): one launch, dependent on
+    the GEMM's (programmatic dependent launch: it starts launching during the GEMM's tail)."""
     s, m, n = ws.shape
     block = 1024 if not triton_env.interpreting() else max(16, min(4096, triton.next_power_of_2(m * n)))
     _split_reduce_kernel[(cdiv(m * n, block),)](ws, out, m * n, n, out.stride(0), SPLITS=s, BLOCK=block,
-                                                num_warps=4)
+                                                num_warps=4, **_pdl_args(out.device))
 
 
 def check_dense(a, sa, b, sb, out=None):
