@@ -12,6 +12,15 @@ expected_m. CUDA-graph medians in us; what it prints chose the constants in bloc
 splits), beside the shipped dispatch and DeepGEMM (when importable) on the same operands; each
 candidate's output must equal the Triton kernel's split into the same K runs bit for bit. Chose
 sm90_ws.NARROW_BN / STAGES_NARROW and tile_n's rule.
+
+--only tma: the Triton TMA kernel (swap and sm90_ws off) with narrow 64-row tiles per (BLOCK_N,
+stages, K splits) on the decode shapes, DeepGEMM's kind of tile for them (64 x 32 keeps K whole
+on 128 programs at N=4096); and the split reduction alone (`_reduce_splits`) at each shipped
+split's size, what folding it into the GEMM could save at most.
+
+--only pdl: the shipped dispatch on the dense decode shapes with the split reduction launched
+dependent on the GEMM (block_scaled.USE_PDL, shipped) and plainly, interleaved reps of each; the
+outputs must be bit-identical.
 """
 
 from __future__ import annotations
@@ -149,14 +158,76 @@ def ws_rows():
     return rows
 
 
+def _tma_shape(m, n, k):
+    a, sa, b, sb, out = dense_inputs(m, n, k)
+    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
+    for splits in (1, 2, 4):
+        if k // 128 < 4 * splits:
+            continue
+        with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=splits):
+            ref = G.fp8_gemm_nt(a, sa, b, sb)
+            for bn in (32, 64):
+                for stages in (4, 6, 8):
+                    cfg = {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages,
+                           "GROUP_M": 8}
+                    with G.config_override(cfg):
+                        out.fill_(float("nan"))
+                        t = _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
+                    if isinstance(t, float) and not torch.equal(out, ref):
+                        t = "differs from the Triton split"
+                    r[f"tma 64x{bn} s{stages} k{splits}"] = t
+        if splits > 1:
+            parts = torch.randn(splits, m, n, device="cuda")
+            r[f"reduce k{splits}"] = _time(lambda parts=parts: G._reduce_splits(parts, out))
+    ok = {c: t for c, t in r.items() if c.startswith("tma") and isinstance(t, float)}
+    r["best_tma"] = min(ok, key=ok.get) if ok else None
+    return r
+
+
+def tma_rows():
+    rows = []
+    for m, n, k in DENSE:
+        if 1 < m <= 128:
+            rows.append(_tma_shape(m, n, k))
+            print(rows[-1]["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in rows[-1].items()
+                                      if c != "shape"}, flush=True)
+    return rows
+
+
+def pdl_rows(reps=5):
+    rows = []
+    for m, n, k in DENSE:
+        ops = dense_inputs(m, n, k)
+        a, sa, b, sb, out = ops
+        times = {"on": [], "off": []}
+        outs = {}
+        for _ in range(reps):
+            for mode in ("on", "off"):
+                with patched(USE_PDL=mode == "on"):
+                    times[mode].append(_time(lambda ops=ops: G.fp8_gemm_nt(*ops[:4], out=ops[4])))
+                    outs[mode] = out.clone()
+        if not torch.equal(outs["on"], outs["off"]):
+            raise AssertionError(f"{(m, n, k)}: PDL changed the output")
+        r = {"shape": [m, n, k], "splits": G.ws_splits(G.DENSE, a, b) if m > G.SWAP_MAX_ROWS else
+             G.swap_config(m, n, k, m, A.num_sms(0))[3],
+             **{f"pdl_{mode}_us": sorted(ts)[len(ts) // 2] for mode, ts in times.items()}}
+        rows.append(r)
+        print(r, flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--only", choices=("dense", "masked", "ws"))
+    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl"))
     args = ap.parse_args()
     res = {"env": environment()}
     if args.only == "ws":
         res["ws"] = ws_rows()
+    if args.only == "tma":
+        res["tma"] = tma_rows()
+    if args.only == "pdl":
+        res["pdl"] = pdl_rows()
     if args.only in (None, "dense"):
         res["dense"] = dense_rows()
     if args.only in (None, "masked"):
