@@ -1,9 +1,9 @@
 """Split-K in the dense TMA GEMM (small grids on big GPUs): the policy, and the split path
 forced on any shape against the float64 oracle and the unsplit kernel. Outputs are poisoned
 with NaN first; the split result is deterministic (partials added in a fixed order). The split
-reduction's programmatic dependent launch: where it applies (CPU), and on the H200 replayed in a
-CUDA graph on new operands, bit-identical to plain launches for the swapped, sm90_ws and TMA
-kernels' splits."""
+reduction's programmatic dependent launch: where it applies (CPU), and on SM90+ GPUs replayed in a
+CUDA graph on new operands, bit-identical to plain launches for the swapped, sm90_ws (on the
+H200) and TMA kernels' splits."""
 
 import pytest
 import torch
@@ -64,16 +64,19 @@ def test_pdl_only_where_a_gpu_can_run_it(monkeypatch):
     assert G._pdl_args(dev) == {}
 
 
-@pytest.mark.gpu_sm90
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,flags", [
-    (64, 4096, 7168, {}),  # the swapped kernel, 4 splits
-    (128, 4096, 7168, {}),  # sm90_ws 128x64 tiles, 2 splits
+    (64, 4096, 7168, {"FORCE_SPLIT_K": 4}),  # the swapped kernel
+    (128, 4096, 7168, {}),  # on the H200 sm90_ws 128x64 tiles, 2 splits; elsewhere the dispatch's own
     (128, 1024, 7168, {"USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 3}),  # the TMA kernel
 ])
 def test_pdl_split_reduction_replayed_in_a_cuda_graph(monkeypatch, m, n, k, flags):
     """The reduction launched dependent on the GEMM, captured in a CUDA graph and replayed on new
     operands (the stale partials of the previous replay must never show): bit-identical to plain
     launches run eagerly."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90 or newer")
+    assert G._pdl_args(torch.device("cuda")) or not G.HAS_GDC  # the dependent launch is on
     for name, value in flags.items():
         monkeypatch.setattr(G, name, value)
     gen = torch.Generator().manual_seed(m + n)
