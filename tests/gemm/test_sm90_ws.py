@@ -240,3 +240,14 @@ def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, 
     ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
     assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)
     assert cnt.tolist() == [184, 128]
+
+
+@pytest.mark.parametrize("m,n,k,bn,splits", [(128, 4096, 7168, 64, 2), (256, 4096, 7168, 64, 1),
+                                             (128, 1024, 7168, 64, 4), (4096, 7168, 2048, 256, 1)])
+def test_dispatch_splits_as_the_plan_counts(monkeypatch, m, n, k, bn, splits):
+    """block_scaled.ws_splits and plan() take one grid (sm90_ws.grid): tile_n's width, its splits."""
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
+    b = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    assert W.grid(m, n, k, 132)[::2] == (bn, splits)
+    assert G.ws_splits(G.DENSE, a, b) == splits

@@ -490,10 +490,7 @@ def ws_splits(mode, a, b) -> int:
     if mode != DENSE:
         return 1
     m, k = a.shape
-    n = b.shape[0]
-    sms = A.num_sms(a.device.index or 0)
-    tiles = cdiv(m, sm90_ws.BM) * cdiv(n, sm90_ws.tile_n(m, n, sms))
-    return sm90_ws.split_k(tiles, cdiv(k, GRAN), sms)
+    return sm90_ws.grid(m, b.shape[0], k, A.num_sms(a.device.index or 0))[2]
 
 
 def _tma_ok(*tensors) -> bool:

@@ -422,6 +422,15 @@ def split_k(tiles, nk, num_sms, dense=True):
     return max(1, min(SPLIT_MAX, num_sms // tiles, nk // SPLIT_MIN_BLOCKS))
 
 
+def grid(rows, n, k, num_sms, bn=None, dense=True):
+    """(tile width, tiles, K splits) of a call whose tiles cover `rows` rows (_tile_rows) by N, over
+    K: tile_n's width unless bn forces one; split_k's splits (dense only). plan() and
+    block_scaled.ws_splits both take the grid from here."""
+    bn = bn or tile_n(rows, n, num_sms)
+    tiles = cdiv(rows, BM) * cdiv(n, bn)
+    return bn, tiles, split_k(tiles, cdiv(k, BK), num_sms, dense)
+
+
 def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None,
          masked_rows=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
@@ -455,11 +464,9 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
         num_sms = A.num_sms(a.device.index or 0)
-    bn = bn or tile_n(_tile_rows(a, masked_rows), n, num_sms)
+    bn, tiles, splits = grid(_tile_rows(a, masked_rows), n, k, num_sms, bn, dense=not grouped and masked_rows is None)
     if bn not in (NARROW_BN, BN, WIDE_BN):
         return f"bn must be {NARROW_BN}, {BN} or {WIDE_BN}, got {bn}"
-    tiles = cdiv(_tile_rows(a, masked_rows), BM) * cdiv(n, bn)
-    splits = split_k(tiles, cdiv(k, BK), num_sms, dense=not grouped and masked_rows is None)
     if tiles * splits < MIN_FILL * num_sms:  # too little work to fill the GPU: the Triton kernel's smaller tiles
         return f"{tiles} tiles of {BM}x{bn}{f' x {splits} K splits' if splits > 1 else ''} for {num_sms} SMs"
     return None
