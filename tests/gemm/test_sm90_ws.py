@@ -65,7 +65,19 @@ def test_plan_splits_k_of_small_dense_grids():
     assert _plan(a, sa, b, sb, bn=128) == "56 tiles of 128x128 for 132 SMs"
     assert _plan(a, sa, b, sb) is None  # tile_n's default: 112 tiles of 128x64
     a, sa, b, sb = _ops(128, 1024, 7168, "cpu")  # 16 tiles of 128x64 x 4 splits
-    assert _plan(a, sa, b, sb) == "16 tiles of 128x64 x 4 K splits for 132 SMs"
+    assert _plan(a, sa, b, sb, bn=64) == "16 tiles of 128x64 x 4 K splits for 132 SMs"
+    assert _plan(a, sa, b, sb) is None  # tile_shape's default: 32 tiles of 64x64 x 4 splits
+
+
+def test_plan_takes_64_row_tiles_for_dense_grids_too_small_in_128_row_ones():
+    a, sa, b, sb = _ops(64, 7168, 2048, "cpu")
+    assert W.tile_shape(64, 7168, 132) == (64, 64) and _plan(a, sa, b, sb) is None  # 112 tiles of 64x64
+    assert _plan(a, sa, b, sb, bm=64, bn=256) == "bn of a 64-row tile must be one of (128, 64), got 256"
+    assert _plan(a, sa, b, sb, bm=32, bn=64) == "bm must be 128 or 64, got 32"
+    assert _plan(a, sa, b, sb, bm=64, bn=128) == "56 tiles of 64x128 for 132 SMs"
+    ge, gsa, gb, gsb = _ops(256, 1024, 256, "cpu", e=4)  # grouped calls keep 128-row tiles
+    assert W.tile_shape(256, 1024, 132, dense=False) == (128, 64)
+    assert _plan(ge, gsa, gb, gsb, grouped=True, bm=64, bn=64) == "64-row tiles are dense only"
 
 
 def test_plan_counts_wide_tiles(monkeypatch):
@@ -73,6 +85,7 @@ def test_plan_counts_wide_tiles(monkeypatch):
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN) == "72 tiles of 128x256 for 132 SMs"
     assert _plan(a, sa, b, sb, bn=W.WIDE_BN, sms=72) is None
     assert _plan(a, sa, b, sb, bn=192) == "bn must be 64, 128 or 256, got 192"
+    assert _plan(a, sa, b, sb, bn=32) == "bn must be 64, 128 or 256, got 32"  # 32 is a 64-row tile's
     monkeypatch.setattr(W, "tile_n", lambda m, n, sms: W.WIDE_BN)  # plan's default counts tile_n's tiles
     assert _plan(a, sa, b, sb) == "72 tiles of 128x256 for 132 SMs"
 
@@ -86,6 +99,38 @@ def test_plan_counts_wide_tiles(monkeypatch):
 ])
 def test_tile_n_takes_wide_tiles_where_they_fill_the_gpu_and_narrow_ones_where_those_make_one_wave(m, n, sms, bn):
     assert W.tile_n(m, n, sms) == bn
+
+
+@pytest.mark.parametrize("m,n,sms,shape", [
+    (4096, 2112, 132, (128, 128)), (256, 4096, 132, (128, 64)), (128, 7168, 132, (128, 64)),  # 128-row tiles fill
+    (128, 4096, 132, (64, 64)), (64, 7168, 132, (64, 64)), (16, 7168, 132, (64, 64)),  # 64 tiles of 128x64 do not
+    (64, 4096, 132, (64, 64)), (1, 4096, 132, (64, 64)), (64, 16384, 132, (64, 128)),
+    (128, 1024, 132, (64, 64)),  # nothing fills: the narrowest, which splits K
+    (257, 1024, 132, (128, 64)), (1536, 1408, 177, (128, 128)),  # past HALF_MAX_ROWS: 128-row tiles
+])
+def test_tile_shape_takes_64_row_tiles_only_where_128_row_ones_would_not_fill_the_gpu(m, n, sms, shape):
+    assert W.tile_shape(m, n, sms) == shape
+
+
+@pytest.mark.parametrize("m,n,sms,n0", [(4096, 2112, 132, 2048), (4096, 2048, 132, 0), (4096, 200, 132, 0),
+                                        (512, 2112, 132, 0), (512, 2112, 32, 2048), (4096, 4352, 132, 0),
+                                        (4096, 4416, 132, 4352)])
+def test_column_split_runs_whole_wide_tiles_apart_where_they_make_a_wave(m, n, sms, n0):
+    assert W.column_split(m, n, sms) == n0
+
+
+@pytest.mark.parametrize("m,n,k,first", [(64, 7168, 2048, True), (33, 7168, 2048, True), (32, 7168, 2048, False),
+                                         (64, 4096, 7168, False), (65, 7168, 2048, False), (64, 512, 2048, False)])
+def test_64_row_tiles_replace_the_swapped_kernel_only_where_they_fill_the_gpu_unsplit(monkeypatch, m, n, k, first):
+    """block_scaled.ws_before_swap: 33-64 rows, 64-row tiles, no K split (64, 4096, 7168 would split);
+    never on a CPU tensor, under the interpreter or with USE_WS off."""
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)
+    cuda = torch.device("cuda", 0)
+    assert G.ws_before_swap(m, n, k, cuda) is first
+    assert G.ws_before_swap(m, n, k, torch.device("cpu")) is False
+    monkeypatch.setattr(G, "USE_WS", False)
+    assert G.ws_before_swap(m, n, k, cuda) is False
 
 
 def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
@@ -111,7 +156,7 @@ def test_plan_refuses_cpu_tensors():
 
 def _spy(monkeypatch):
     """-> (the modes block_scaled launches sm90_ws with, the tile width each launch took: launch
-    looks its ring depth up by width, _stages(bn))."""
+    looks its ring depth up by tile, _stages(bn, bm); a 64-row tile's as (64, bn))."""
     calls, widths = [], []
     launch, stages = W.launch, W._stages
 
@@ -119,9 +164,9 @@ def _spy(monkeypatch):
         calls.append(args[0])
         return launch(*args, **kwargs)
 
-    def width(bn):
-        widths.append(bn)
-        return stages(bn)
+    def width(bn, bm=W.BM):
+        widths.append(bn if bm == W.BM else (bm, bn))
+        return stages(bn, bm)
 
     monkeypatch.setattr(G.sm90_ws, "launch", spy)
     monkeypatch.setattr(W, "_stages", width)
@@ -135,7 +180,7 @@ def _triton(monkeypatch, fn, *args, **kwargs):
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k,bn", [(1100, 2000, 1664, 128), (4096, 2112, 640, 128), (1536, 1408, 128, 128),
+@pytest.mark.parametrize("m,n,k,bn", [(1100, 2000, 1664, 128), (2048, 2112, 640, 128), (1536, 1408, 128, 128),
                                       (4096, 2048, 640, 256),  # 128x256 tiles (tile_n)
                                       (256, 4100, 1664, 64)])  # 2 x 65 tiles of 128x64, the last 4 columns wide
 @pytest.mark.parametrize("epilogue", ["tma", "pointer"])
@@ -198,32 +243,94 @@ def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
     assert bool(torch.isnan(buf[:, n:]).all())
 
 
-@pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k,splits,bn", [(128, 4096, 7168, None, 64), (100, 1100, 1664, 3, 128),
-                                             (300, 2048, 512, 4, 128), (200, 2080, 1664, 3, 64)])
-def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits, bn):
-    """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch: M=128 in 64 tiles of
-    128x64, 2 splits; or forced by a direct launch, 128- and 64-wide tiles): the partials equal the
-    Triton kernel's split into the same runs of K blocks, so the reduced output is bit-identical; a
-    4-way split of 4 K blocks leaves no split empty-handed."""
-    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n)
-    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
-    out = buf[:, :n]
-    if splits is None:
-        splits = G.ws_splits(G.DENSE, a, b)
-        assert splits == 2
-        calls, widths = _spy(monkeypatch)
-        G.fp8_gemm_nt(a, sa, b, sb, out=out)
-        assert calls == [G.DENSE] and widths == [bn]
-    else:
-        parts = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device="cuda")
-        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits, bn=bn)
-        G._reduce_splits(parts, out)
+def _assert_as_the_triton_split(monkeypatch, splits, a, sa, b, sb, out, buf):
+    """out equals the Triton kernel's (swapped kernel off) split into `splits` K runs (1: unsplit) bit
+    for bit, buf's guard columns past out stay poisoned, and out is within TOL of the oracle."""
     with monkeypatch.context() as mp:
         mp.setattr(G, "FORCE_SPLIT_K", splits)
         mp.setattr(G, "USE_SWAP", False)
         ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
     assert torch.equal(out, ref)
+    assert bool(torch.isnan(buf[:, out.shape[1]:]).all())
+    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k,bn,via", [(128, 4096, 1664, 64, "dispatch"), (100, 4100, 1664, 64, "dispatch"),
+                                         (64, 7168, 2048, 64, "dispatch"), (16, 8192, 1664, 64, "dispatch"),
+                                         (100, 2000, 1664, 64, "launch"), (100, 2000, 1664, 128, "launch"),
+                                         (1, 1000, 384, 64, "launch")])
+@pytest.mark.parametrize("epilogue", ["tma", "pointer"])
+def test_64_row_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, bn, via, epilogue):
+    """64-row tiles (sm90_ws.HALF_BM; each consumer takes half of a tile's columns), unsplit, through
+    the dispatch (M=64 before the swapped kernel, ws_before_swap; M=16 with it off) or a direct
+    launch, bit-identical to the Triton kernel unsplit: ragged M (100: a second tile of 36 rows; 1
+    and 16 rows), N ending in a partial tile (4100 in 64-wide tiles: consumer 1 of the last has no
+    column; 2000 and 1000), an odd number of K steps; guard columns stay poisoned; within TOL of the
+    float64 oracle."""
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
+    pad = 8 if epilogue == "tma" else 3
+    buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    if via == "dispatch":
+        if m < G.SWAP_WS_MIN_ROWS:
+            monkeypatch.setattr(G, "USE_SWAP", False)
+        assert G.ws_splits(G.DENSE, a, b) == 1
+        calls, widths = _spy(monkeypatch)
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+        assert calls == [G.DENSE] and widths == [(W.HALF_BM, bn)]
+    else:
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=W.HALF_BM, epi_tma=epilogue == "tma")
+    _assert_as_the_triton_split(monkeypatch, 1, a, sa, b, sb, out, buf)
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k,splits,bn", [(128, 1024, 7168, None, (64, 64)), (100, 1100, 1664, 3, 128),
+                                             (300, 2048, 512, 4, 128), (200, 2080, 1664, 3, 64),
+                                             (100, 1100, 1664, 3, (64, 128)), (72, 2080, 1664, 4, (64, 64))])
+def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits, bn):
+    """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch: M=128, N=1024 in 32
+    tiles of 64x64, 4 splits; or forced by a direct launch, 128-row tiles 128 and 64 wide, 64-row
+    tiles 128 and 64 wide): the partials equal the Triton kernel's split into the same runs of K
+    blocks, so the reduced output is bit-identical; a 4-way split of 4 K blocks leaves no split
+    empty-handed."""
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n)
+    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    bm, bn = bn if isinstance(bn, tuple) else (W.BM, bn)
+    if splits is None:
+        splits = G.ws_splits(G.DENSE, a, b)
+        assert splits == 4
+        calls, widths = _spy(monkeypatch)
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+        assert calls == [G.DENSE] and widths == [(bm, bn)]
+    else:
+        parts = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device="cuda")
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits, bn=bn, bm=bm)
+        G._reduce_splits(parts, out)
+    _assert_as_the_triton_split(monkeypatch, splits, a, sa, b, sb, out, buf)
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("epilogue", ["tma", "pointer"])
+def test_column_split_is_the_dispatch_on_each_column_range(monkeypatch, epilogue):
+    """sm90_ws.column_split on a 32-SM budget (num_sms patched): N=1088 runs its first 1024 columns
+    in 4 x 4 tiles of 128x256 (a wave), bit-identical to the Triton kernel there, and its last 64
+    through the dispatch on their own, bit-identical to that call; guard columns stay poisoned."""
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 16)
+    m, n, k = 512, 1088, 1664
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=7)
+    pad = 8 if epilogue == "tma" else 3
+    buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    calls, widths = _spy(monkeypatch)
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    assert calls[0] == G.DENSE and widths[0] == W.WIDE_BN
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "FORCE_SPLIT_K", 1)
+        ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b[:1024], sb[:8])
+    assert torch.equal(out[:, :1024], ref)
+    assert torch.equal(out[:, 1024:], G.fp8_gemm_nt(a, sa, b[1024:], sb[8:]))
     assert bool(torch.isnan(buf[:, n:]).all())
     assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
 
@@ -242,12 +349,13 @@ def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, 
     assert cnt.tolist() == [184, 128]
 
 
-@pytest.mark.parametrize("m,n,k,bn,splits", [(128, 4096, 7168, 64, 2), (256, 4096, 7168, 64, 1),
-                                             (128, 1024, 7168, 64, 4), (4096, 7168, 2048, 256, 1)])
-def test_dispatch_splits_as_the_plan_counts(monkeypatch, m, n, k, bn, splits):
-    """block_scaled.ws_splits and plan() take one grid (sm90_ws.grid): tile_n's width, its splits."""
+@pytest.mark.parametrize("m,n,k,grid", [(128, 4096, 7168, (64, 64, 128, 1)), (256, 4096, 7168, (128, 64, 128, 1)),
+                                        (128, 1024, 7168, (64, 64, 32, 4)), (4096, 7168, 2048, (128, 256, 896, 1)),
+                                        (64, 7168, 2048, (64, 64, 112, 1)), (1, 4096, 7168, (64, 64, 64, 2))])
+def test_dispatch_splits_as_the_plan_counts(monkeypatch, m, n, k, grid):
+    """block_scaled.ws_splits and plan() take one grid (sm90_ws.grid): tile_shape's tile, its splits."""
     monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
     a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
     b = torch.empty(n, k, dtype=torch.float8_e4m3fn)
-    assert W.grid(m, n, k, 132)[::2] == (bn, splits)
-    assert G.ws_splits(G.DENSE, a, b) == splits
+    assert W.grid(m, n, k, 132) == grid
+    assert G.ws_splits(G.DENSE, a, b) == grid[3]

@@ -32,27 +32,36 @@ CHILD = """
 import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
-kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1")
+kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
+                               bm=int(sys.argv[6]))
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
 """
 
 
-@pytest.mark.parametrize("mode,epi_tma,bn,split", [
-    (0, 0, 128, 0), (0, 1, 128, 0), (1, 0, 128, 0), (1, 1, 128, 0), (2, 0, 128, 0), (2, 1, 128, 0), (0, 0, 128, 1),
-    (0, 0, sm90_ws.WIDE_BN, 0), (0, 1, sm90_ws.WIDE_BN, 0), (1, 0, sm90_ws.WIDE_BN, 0), (2, 1, sm90_ws.WIDE_BN, 0),
-    (0, 1, sm90_ws.NARROW_BN, 0), (0, 0, sm90_ws.NARROW_BN, 1), (1, 1, sm90_ws.NARROW_BN, 0),
-    (2, 0, sm90_ws.NARROW_BN, 0), (2, 1, sm90_ws.NARROW_BN, 0)],
+H = sm90_ws.HALF_BM
+
+
+@pytest.mark.parametrize("mode,epi_tma,bn,split,bm", [
+    (0, 0, 128, 0, 128), (0, 1, 128, 0, 128), (1, 0, 128, 0, 128), (1, 1, 128, 0, 128), (2, 0, 128, 0, 128),
+    (2, 1, 128, 0, 128), (0, 0, 128, 1, 128),
+    (0, 0, sm90_ws.WIDE_BN, 0, 128), (0, 1, sm90_ws.WIDE_BN, 0, 128), (1, 0, sm90_ws.WIDE_BN, 0, 128),
+    (2, 1, sm90_ws.WIDE_BN, 0, 128),
+    (0, 1, sm90_ws.NARROW_BN, 0, 128), (0, 0, sm90_ws.NARROW_BN, 1, 128), (1, 1, sm90_ws.NARROW_BN, 0, 128),
+    (2, 0, sm90_ws.NARROW_BN, 0, 128), (2, 1, sm90_ws.NARROW_BN, 0, 128),
+    (0, 1, 128, 0, H), (0, 1, 64, 0, H), (0, 0, 64, 0, H), (0, 0, 128, 1, H), (0, 0, 64, 1, H)],
     ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "masked", "masked-tma_store",
          "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store",
          "narrow-dense-tma_store", "narrow-dense-split_k", "narrow-contiguous-tma_store", "narrow-masked",
-         "narrow-masked-tma_store"])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split):
-    """Every variant launch() can run (wide contiguous tiles keep pointer stores)."""
+         "narrow-masked-tma_store", "half128-dense-tma_store", "half64-dense-tma_store", "half64-dense",
+         "half128-dense-split_k", "half64-dense-split_k"])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm):
+    """Every variant launch() can run (wide contiguous tiles keep pointer stores; 64-row tiles are
+    dense only)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split)],
-                   check=True, cwd=ROOT, env=env)
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split),
+                    str(bm)], check=True, cwd=ROOT, env=env)
     wide = bn == sm90_ws.WIDE_BN
     ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
@@ -64,8 +73,9 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split):
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else 2) if epi_tma else 0)
     assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
     # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps);
-    # wide: 2 consumers x 2 sites (one per 128-column half) x 4; narrow: m64n64 wgmmas
-    width = min(bn, 128)
+    # wide: 2 consumers x 2 sites (one per 128-column half) x 4; narrow: m64n64 wgmmas; a 64-row
+    # tile's consumers: m64 x half the tile's width each
+    width = bn // 2 if bm == H else min(bn, 128)
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3") == (2 * 2 * 4 if wide else 2 * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx

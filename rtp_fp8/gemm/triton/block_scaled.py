@@ -475,6 +475,11 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
     order into out by the same reduction as the Triton kernel's split."""
     if ws_refusal(mode, a, sa, b, sb, out, packed_a, sb_div, alignment, expected_m) is not None:
         return False
+    n0 = sm90_ws.column_split(a.shape[0], b.shape[0], A.num_sms(a.device.index or 0)) if mode == DENSE else 0
+    if n0:  # N's whole 128x256 tiles on their own, then the other columns through the dispatch
+        sm90_ws.launch(DENSE, a, sa, b[:n0], sb[:n0 // GRAN], grp, cnt, e, out[:, :n0])
+        fp8_gemm_nt(a, sa, b[n0:], sb[n0 // GRAN:], out=out[:, n0:])
+        return True
     splits = ws_splits(mode, a, b)
     if splits == 1:
         sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, masked_rows=expected_m)
@@ -485,12 +490,28 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
     return True
 
 
+SWAP_WS_MIN_ROWS = 33  # dense M from which sm90_ws's 64-row tiles replace the swapped kernel (see ws_before_swap)
+
+
+def ws_before_swap(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Dense calls of SWAP_WS_MIN_ROWS..SWAP_MAX_ROWS rows whose sm90_ws grid is 64-row tiles filling
+    the GPU without K splits take sm90_ws first (if its plan accepts them): at (64, 7168, 2048) its
+    112 64x64 tiles took 6.6 us against the swapped kernel's 7.45 (bench/decode_sweep.py --only
+    half, H200). Fewer rows keep the swapped kernel (16-token MMAs), as do grids that would split."""
+    if not (SWAP_WS_MIN_ROWS <= m <= SWAP_MAX_ROWS and USE_WS and sm90_ws is not None and device.type == "cuda"
+            and not triton_env.interpreting()):
+        return False
+    sms = A.num_sms(device.index or 0)
+    bm, _, tiles, splits = sm90_ws.grid(m, n, k, sms)
+    return bm == sm90_ws.HALF_BM and splits == 1 and tiles >= sm90_ws.MIN_FILL * sms
+
+
 def ws_splits(mode, a, b) -> int:
     """K splits sm90_ws takes for this call (dense grids smaller than the GPU; 1 otherwise)."""
     if mode != DENSE:
         return 1
     m, k = a.shape
-    return sm90_ws.grid(m, b.shape[0], k, A.num_sms(a.device.index or 0))[2]
+    return sm90_ws.grid(m, b.shape[0], k, A.num_sms(a.device.index or 0))[3]
 
 
 def _tma_ok(*tensors) -> bool:
@@ -655,6 +676,8 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
+        return out
+    if ws_before_swap(m, n, k, a.device) and _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):
         return out
     if _launch_swap(DENSE, a, sa, b, sb, sb, out, m, packed_a, packed_b, sb_div):  # M <= SWAP_MAX_ROWS
         return out

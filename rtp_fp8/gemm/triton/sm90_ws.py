@@ -68,16 +68,27 @@ NARROW_BN = 64
 STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
+# HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
+# whose 128-row tiles would not fill the GPU: A [64, 128] is shared and each consumer runs an m64 wgmma
+# over its half of the tile's columns (tile widths HALF_WIDTHS: 32 or 64 columns a consumer), so a
+# 64-token batch fills the SMs without K splits. STAGES_HALF: ring slots by width. From
+# bench/decode_sweep.py --only half on the H200 (docs/perf.md): 64x32 tiles (16 columns a consumer)
+# lost on every decode shape; depths 4-12 differ by a few percent at most.
+HALF_BM, HALF_MAX_ROWS = 64, 256
+HALF_WIDTHS = (128, 64)
+STAGES_HALF = {128: 4, 64: 9}
 GROUP_M = 8
 # Tiles of this many 128-column blocks or more walk GROUP_M_WIDE row tiles per group: measured on the H200
 # (4096 x 24576 x 1536: 940 -> 975 TFLOP/s, 4096 x 32768 x 512: 775 -> 801; N <= 7168 within 1 % of 8).
 WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 # TMA box and element type of each descriptor (the launch and the offline compile build from it):
 # A and B tiles, the step's A-row scales, a consumer's half of the output tile.
-def boxes(bn=None):
+def boxes(bn=None, bm=BM):
+    """bm HALF_BM: a 64-row tile, whose consumers each store their bn / 2 columns."""
     bn = bn or BN
-    return {"a_desc": ([BM, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
-            "sa_desc": ([BM], "float32", "fp32"), "c_desc": ([HALF, min(bn, 128)], "bfloat16", "bf16")}
+    cw = bn // 2 if bm == HALF_BM else min(bn, 128)
+    return {"a_desc": ([bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
+            "sa_desc": ([bm], "float32", "fp32"), "c_desc": ([HALF, cw], "bfloat16", "bf16")}
 
 
 def _box_layout(block, dtype):
@@ -94,6 +105,17 @@ def _coords(t, TILES_M, tiles_n, GROUP_M):
 
 
 @gluon.jit
+def _operands(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, s):
+    """Consumer c's A rows, B rows and A-row scales in ring slot s: of a 128-row tile its 64 rows
+    and all of B; of a 64-row (HALF_BM) tile all of A and its half of B's rows (output columns)."""
+    if a_bufs.shape[1] == 64:
+        TW: gl.constexpr = b_bufs.shape[1] // 2
+        return a_bufs.index(s), b_bufs.index(s).slice(c * TW, TW), sa_bufs.index(s)
+    else:
+        return a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s), sa_bufs.index(s).slice(c * 64, 64)
+
+
+@gluon.jit
 def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, stride_sbk, zero,
           row_layout: gl.constexpr):
     """K step kb (ring step g): its wgmma into a fresh tile, the previous step's tile promoted
@@ -102,9 +124,9 @@ def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, str
     NSTAGES: gl.constexpr = full.shape[0]
     s = g % NSTAGES
     mbarrier.wait(full.index(s), (g // NSTAGES) & 1)
-    tok = warpgroup_mma(a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                        is_async=True)
-    sa_now = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
+    a, b, sa = _operands(c, a_bufs, b_bufs, sa_bufs, s)
+    tok = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+    sa_now = sa.load(row_layout)
     sb_now = gl.load(sb_row + kb * stride_sbk)
     acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)
     part = warpgroup_mma_wait(0, deps=(tok, ))  # waited here: a running MMA carried across the loop edge
@@ -183,13 +205,13 @@ def _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n):
 
 
 @gluon.jit
-def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col0, c: gl.constexpr, e, nk, M,
-               MODE: gl.constexpr):
+def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, r0, col0, e, nk, M, MODE: gl.constexpr):
     """Contiguous mode: rows whose id is not the tile's expert (every row of a tile without one)
     become zeros; the store of column 0 counts the -1 rows (counters[0]) and rows of another or an
-    invalid id (counters[1]), as the Triton kernels do. Dense and masked: v unchanged."""
+    invalid id (counters[1]), as the Triton kernels do. Dense and masked: v unchanged. r0: the
+    consumer's first row."""
     if MODE == 1:
-        rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        rows = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
         rmask = rows < M
         ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
         ok = rmask & (ids == e) & (nk > 0)
@@ -201,25 +223,25 @@ def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, row0, col0, c: gl.cons
 
 
 @gluon.jit
-def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, M, N, stride_dm,
+def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, M, N, stride_dm,
                 mma_layout: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr):
-    """Consumer c's 64 rows of the acc-wide column run from col0 (a tile, or a wide tile's half), as
-    bf16. row0: the tile's first row of `out` (viewed as 2-D); M: the end of the rows it may write
-    (the expert's masked_m in masked mode, whose TMA store needs M rows per expert in whole halves)."""
+    """Consumer c's 64 rows from r0 of the acc-wide column run from col0 (its share of a tile, or a
+    wide tile's half), as bf16 into `out` (viewed as 2-D); M: the end of the rows it may write (the
+    expert's masked_m in masked mode, whose TMA store needs M rows per expert in whole halves)."""
     TW: gl.constexpr = acc.shape[1]
     if EPI_TMA == 1:  # through this consumer's shared buffer; the store runs while the next step starts
-        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, row0, col0, c, e, nk, M, MODE)
+        vt = _mask_rows(acc.to(gl.bfloat16), mma_layout, grp_ptr, cnt_ptr, r0, col0, e, nk, M, MODE)
         cbuf = c_bufs.index(c)
         tma.store_wait(0)  # the previous store has read the buffer
         cbuf.store(vt)
         fence_async_shared()
-        if (MODE != 2) | (row0 + c * 64 < M):  # masked: a half past masked_m is another expert's rows
-            tma.async_copy_shared_to_global(c_desc, [row0 + c * 64, col0], cbuf)
+        if (MODE != 2) | (r0 < M):  # masked: a half past masked_m is another expert's rows
+            tma.async_copy_shared_to_global(c_desc, [r0, col0], cbuf)
     else:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         v = _mask_rows(gl.convert_layout(acc.to(d_ptr.dtype.element_ty), out_layout), out_layout, grp_ptr, cnt_ptr,
-                       row0, col0, c, e, nk, M, MODE)
-        rows = row0 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+                       r0, col0, e, nk, M, MODE)
+        rows = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
         cols = col0 + gl.arange(0, TW, layout=gl.SliceLayout(0, out_layout))
         dst = d_ptr + gl.expand_dims(rows, 1) * stride_dm + gl.expand_dims(cols, 0)
         gl.store(dst, v, mask=gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0))
@@ -228,12 +250,14 @@ def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r
 @gluon.jit
 def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, MODE: gl.constexpr,
                   EPI_TMA: gl.constexpr):
-    """Consumer c's 64 rows of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
-    out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials."""
+    """Consumer c's share of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
+    out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials. A 128-row
+    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile's take half its columns each."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
-    TW: gl.constexpr = 128 if TN > 128 else TN  # one wgmma's width (a wide tile runs two)
+    HALF_M: gl.constexpr = a_bufs.shape[1] == 64  # and the tile height in A's
+    TW: gl.constexpr = TN // 2 if HALF_M else (128 if TN > 128 else TN)  # one wgmma's width (a wide tile runs two)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -242,7 +266,8 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
                                                          instr_shape=[16, TW, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     zero = gl.zeros((64, TW), gl.float32, mma_layout)
-    col0 = pid_n * TN
+    col0 = pid_n * TN + c * TW if HALF_M else pid_n * TN
+    r0 = row0 if HALF_M else row0 + c * 64
     sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
     if TN <= 128:
@@ -258,7 +283,7 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
             acc, part, sa, sb, g = _step(c, k_lo + nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
                                          row_layout)
         acc = acc + part * gl.expand_dims(sa * sb, 1)
-        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, row_end, N, stride_dm,
+        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
     else:
         acc1 = zero
@@ -266,20 +291,22 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
         for kb in range(k_lo, k_lo + nk):
             acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
                                       row_layout)
-        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0, e, nk, row_end, N, stride_dm,
+        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
         if hi_ok:
-            _store_half(acc1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, row0, col0 + 128, e, nk, row_end, N,
+            _store_half(acc1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0 + 128, e, nk, row_end, N,
                         stride_dm, mma_layout, MODE, EPI_TMA)
     return g
 
 
 @gluon.jit
 def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
-    """Consumer c: rows [c * 64, c * 64 + 64) of every tile."""
+    """Consumer c: rows [c * 64, c * 64 + 64) of every 128-row tile; columns [c * TN / 2, (c + 1) *
+    TN / 2) of every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
     TN: gl.constexpr = bufs[1].shape[1]
+    TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -300,7 +327,7 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
             part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
-            g = _consume_tile(c, pid_m * 128, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
+            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
 
@@ -344,6 +371,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
     TN: gl.constexpr = bufs[1].shape[1]
+    TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -363,7 +391,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
-            g = _produce_tile(pid_m * 128, pid_m * 128, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
+            g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
 @gluon.jit
@@ -403,6 +431,29 @@ def tile_n(m, n, num_sms):
     return NARROW_BN if cdiv(m, BM) * cdiv(n, NARROW_BN) <= num_sms else BN
 
 
+def tile_shape(m, n, num_sms, dense=True):
+    """(tile rows, tile width) launch() takes by default: 128 x tile_n's width, unless the call is
+    dense with at most HALF_MAX_ROWS rows and either at most 64 rows (a 128-row tile would be half
+    empty) or too few 128-row tiles to fill MIN_FILL of the SMs; then 64-row tiles of the widest
+    HALF_WIDTHS width that fills MIN_FILL (else the narrowest, whose K splits fill it)."""
+    bn = tile_n(m, n, num_sms)
+    if not dense or m > HALF_MAX_ROWS or (m > HALF_BM and cdiv(m, BM) * cdiv(n, bn) >= MIN_FILL * num_sms):
+        return BM, bn
+    for w in HALF_WIDTHS:
+        if cdiv(m, HALF_BM) * cdiv(n, w) >= MIN_FILL * num_sms:
+            return HALF_BM, w
+    return HALF_BM, HALF_WIDTHS[-1]
+
+
+def column_split(m, n, num_sms):
+    """Columns of a dense call to run in 128x256 tiles on their own, the rest in a second call: N's
+    whole 256-column tiles when they are not all of N and make at least a wave on num_sms SMs (0:
+    no split). At (4096, 2112, 7168) that turns 4.1 waves of 128x128 tiles into 1.9 waves of wide
+    ones plus 64 columns (bench/decode_sweep.py --only colsplit, docs/perf.md)."""
+    n0 = n // WIDE_BN * WIDE_BN
+    return n0 if 0 < n0 < n and cdiv(m, BM) * (n0 // WIDE_BN) >= num_sms else 0
+
+
 def _tile_rows(a, masked_rows):
     """Rows the tile count is taken over: M, or masked_rows per expert rounded up to whole tiles."""
     return a.shape[0] * cdiv(masked_rows, BM) * BM if masked_rows is not None else a.shape[0]
@@ -422,17 +473,20 @@ def split_k(tiles, nk, num_sms, dense=True):
     return max(1, min(SPLIT_MAX, num_sms // tiles, nk // SPLIT_MIN_BLOCKS))
 
 
-def grid(rows, n, k, num_sms, bn=None, dense=True):
-    """(tile width, tiles, K splits) of a call whose tiles cover `rows` rows (_tile_rows) by N, over
-    K: tile_n's width unless bn forces one; split_k's splits (dense only). plan() and
-    block_scaled.ws_splits both take the grid from here."""
-    bn = bn or tile_n(rows, n, num_sms)
-    tiles = cdiv(rows, BM) * cdiv(n, bn)
-    return bn, tiles, split_k(tiles, cdiv(k, BK), num_sms, dense)
+def grid(rows, n, k, num_sms, bn=None, dense=True, bm=None):
+    """(tile rows, tile width, tiles, K splits) of a call whose tiles cover `rows` rows (_tile_rows)
+    by N, over K: tile_shape's tile unless bm / bn force one (bn alone: a 128-row tile); split_k's
+    splits (dense only). plan() and block_scaled.ws_splits both take the grid from here."""
+    if bn is None and bm is None:
+        bm, bn = tile_shape(rows, n, num_sms, dense)
+    bm = bm or BM
+    bn = bn or (tile_n(rows, n, num_sms) if bm == BM else HALF_WIDTHS[-1])
+    tiles = cdiv(rows, bm) * cdiv(n, bn)
+    return bm, bn, tiles, split_k(tiles, cdiv(k, BK), num_sms, dense)
 
 
 def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None,
-         masked_rows=None):
+         masked_rows=None, bm=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
     masked_rows: an m-grouped masked call (a [E, M, K], sa [E, M, KG], out [E, M, N]) expecting
     that many rows per expert (its tile count).
@@ -464,15 +518,23 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return f"needs expert segments aligned to {BM} rows, got alignment {alignment}"
     if num_sms is None:
         num_sms = A.num_sms(a.device.index or 0)
-    bn, tiles, splits = grid(_tile_rows(a, masked_rows), n, k, num_sms, bn, dense=not grouped and masked_rows is None)
-    if bn not in (NARROW_BN, BN, WIDE_BN):
+    dense = not grouped and masked_rows is None
+    bm, bn, tiles, splits = grid(_tile_rows(a, masked_rows), n, k, num_sms, bn, dense, bm)
+    if bm == HALF_BM:
+        if not dense:
+            return f"{HALF_BM}-row tiles are dense only"
+        if bn not in HALF_WIDTHS:
+            return f"bn of a {HALF_BM}-row tile must be one of {HALF_WIDTHS}, got {bn}"
+    elif bm != BM:
+        return f"bm must be {BM} or {HALF_BM}, got {bm}"
+    elif bn not in (NARROW_BN, BN, WIDE_BN):
         return f"bn must be {NARROW_BN}, {BN} or {WIDE_BN}, got {bn}"
     if tiles * splits < MIN_FILL * num_sms:  # too little work to fill the GPU: the Triton kernel's smaller tiles
-        return f"{tiles} tiles of {BM}x{bn}{f' x {splits} K splits' if splits > 1 else ''} for {num_sms} SMs"
+        return f"{tiles} tiles of {bm}x{bn}{f' x {splits} K splits' if splits > 1 else ''} for {num_sms} SMs"
     return None
 
 
-def _descriptors(a, b2, sa, out, epi_tma, bn):
+def _descriptors(a, b2, sa, out, epi_tma, bn, bm):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, kg = sa.shape[-2:]
@@ -483,25 +545,30 @@ def _descriptors(a, b2, sa, out, epi_tma, bn):
     c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
     tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
     return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
-                 for name, (block, dtype, _) in boxes(bn).items())
+                 for name, (block, dtype, _) in boxes(bn, bm).items())
 
 
-def _stages(bn):
+def _stages(bn, bm=BM):
+    if bm == HALF_BM:
+        return STAGES_HALF[bn]
     return {NARROW_BN: STAGES_NARROW, WIDE_BN: STAGES_WIDE}.get(bn, STAGES)
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1):
+           splits=1, bm=None, stages=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
-    masked_m, masked_rows the expected rows per expert); tiles 128 x bn (default tile_n's). The
+    masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
-    sums go to out[s] (the caller adds them in split order)."""
+    sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
+    _stages; benchmarks sweep it)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
     rows = _tile_rows(a, masked_rows if mode == 2 else None)
-    bn = bn or tile_n(rows, n, num_sms)
+    bm, bn = grid(rows, n, k, num_sms, bn, mode == 0, bm)[:2]
+    if bm == HALF_BM and mode != 0:
+        raise ValueError(f"{HALF_BM}-row tiles are dense only (mode 0), got mode {mode}")
     stride_ws = 0
     if splits > 1:
         stride_ws, out, epi_tma = out.stride(0), out[0], False
@@ -512,32 +579,32 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
         epi_tma = epi_tma and not (bn == WIDE_BN and mode == 1)
         # masked: a 64-row half must not reach the next expert's rows
         epi_tma = epi_tma and not (mode == 2 and m % 64)
-    tiles_m = cdiv(m, BM)
-    nprog = nprog or min(cdiv(rows, BM) * cdiv(n, bn) * splits if mode != 2 else e * tiles_m * cdiv(n, bn), num_sms)
+    tiles_m = cdiv(m, bm)
+    nprog = nprog or min(cdiv(rows, bm) * cdiv(n, bn) * splits if mode != 2 else e * tiles_m * cdiv(n, bn), num_sms)
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    _ws_gemm_kernel[(nprog, )](*_descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn), out2, sb, grp, cnt, m, n,
+    _ws_gemm_kernel[(nprog, )](*_descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm), out2, sb, grp, cnt, m, n,
                                k, e, tiles_m, group_m, out2.stride(0), sb_e, sb.stride(-2), sb.stride(-1),
-                               sa.stride(-1), sa_e, splits, stride_ws, STAGES=_stages(bn), MODE=mode,
+                               sa.stride(-1), sa_e, splits, stride_ws, STAGES=stages or _stages(bn, bm), MODE=mode,
                                EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
-    split: the variant storing FP32 split-K partials."""
+    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
-           for name, (block, dtype, ty) in boxes(bn).items()}
+           for name, (block, dtype, ty) in boxes(bn, bm).items()}
     sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
