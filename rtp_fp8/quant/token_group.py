@@ -312,6 +312,11 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, config=_config)
 
 
+# silu_mul_quant_into's tile on a GPU (BLOCK_M, groups per program, warps, stages). bench/silu_sweep.py
+# --skip on the H200 (docs/perf.md), I=2048, bit-identical to _launch_config's (8, 4, 4, 1): 16403 rows
+# 54 against 64 us; the executor's 36864-row workspace skipping its padding 68 against 80 us. One row
+# a program was the fastest without padding (51 us) and slow with it (97 us: a program per empty row).
+SILU_CONFIG = (4, 4, 4, 1)
 NO_SKIP = (0, None, 1)  # (SKIP, rows_ptr, rows_per_expert) of _per_token_group_quant_kernel: every row
 
 
@@ -367,7 +372,11 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
     if r == 0:
         return
     packed = scale_layout == "ue8m0"
-    _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i, skip=skip)
+    config = None
+    if not triton_env.interpreting():  # packed scales: four groups a word, so four a program
+        block_m, gpp, warps, stages = SILU_CONFIG
+        config = (block_m, gpp if packed else min(gpp, triton.next_power_of_2(g)), warps, stages)
+    _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i, config=config, skip=skip)
 
 
 def _skip_rows(r, device, m_indices, masked_m):
