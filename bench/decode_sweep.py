@@ -18,6 +18,15 @@ stages, K splits) on the decode shapes, DeepGEMM's kind of tile for them (64 x 3
 on 128 programs at N=4096); and the split reduction alone (`_reduce_splits`) at each shipped
 split's size, what folding it into the GEMM could save at most.
 
+--only half: sm90_ws's 64-row tiles (sm90_ws.HALF_BM) launched directly on the dense decode shapes per
+(tile width, ring depth, K splits), beside the shipped dispatch, the swapped kernel (M <= 64), the
+128-row tiles the dispatch took before them, and DeepGEMM (when importable); each candidate's output
+must equal the Triton kernel's split into the same K runs bit for bit. Chose HALF_WIDTHS, STAGES_HALF
+and where 64-row tiles replace the swapped kernel.
+
+--only colsplit: (4096, 2112, 7168) as two sm90_ws launches over column ranges of B and out: the first
+2048 columns in 128x256 tiles, the last 64 in narrow or 64-row tiles with or without K splits.
+
 --only pdl: the shipped dispatch on the dense decode shapes with the split reduction launched
 dependent on the GEMM (block_scaled.USE_PDL, shipped) and plainly, interleaved reps of each; the
 outputs must be bit-identical.
@@ -36,6 +45,7 @@ from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.gemm.triton import sm90_ws as W
+from rtp_fp8.quant.layout import cdiv
 
 DENSE = [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
 MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
@@ -116,6 +126,14 @@ def _ring(bn, stages):
         setattr(W, name, old)
 
 
+def _checked_time(call, out, ref):
+    """call's graph-timed us with out poisoned first, or why it does not count: it cannot run, or
+    what it wrote differs from ref (the Triton kernel split into the same K runs)."""
+    out.fill_(float("nan"))
+    t = _time(call)
+    return "differs from the Triton split" if isinstance(t, float) and not torch.equal(out, ref) else t
+
+
 def _ws_shape(m, n, k, dg):
     a, sa, b, sb, out = dense_inputs(m, n, k)
     r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
@@ -137,11 +155,7 @@ def _ws_shape(m, n, k, dg):
                     G._reduce_splits(parts, out)
             for stages in depths:
                 with _ring(bn, stages):
-                    out.fill_(float("nan"))
-                    t = _time(call)
-                if isinstance(t, float) and not torch.equal(out, ref):
-                    t = "differs from the Triton split"
-                r[f"ws bn{bn} s{stages} k{splits}"] = t
+                    r[f"ws bn{bn} s{stages} k{splits}"] = _checked_time(call, out, ref)
     ok = {c: t for c, t in r.items() if c.startswith("ws") and isinstance(t, float)}
     r["best_ws"] = min(ok, key=ok.get) if ok else None
     return r
@@ -194,6 +208,89 @@ def tma_rows():
     return rows
 
 
+def _half_shape(m, n, k, dg):
+    a, sa, b, sb, out = dense_inputs(m, n, k)
+    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
+    if dg is not None:
+        out_dg = torch.empty_like(out)
+        r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    if m <= G.SWAP_MAX_ROWS:
+        with patched(USE_WS=False):
+            r["swap"] = _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
+    sms = A.num_sms(0)
+    bn128 = W.tile_n(m, n, sms)
+    s128 = W.split_k(cdiv(m, W.BM) * cdiv(n, bn128), cdiv(k, 128), sms)
+    for label, bm, widths, depths in ((f"ws 128x{bn128}", W.BM, (bn128,), {bn128: (None,)}),
+                                      ("half", W.HALF_BM, W.HALF_WIDTHS,
+                                       {128: (4, 6, 8), 64: (6, 9, 12), 32: (8, 12, 16)})):
+        for bn in widths:
+            tiles = cdiv(m, bm) * cdiv(n, bn)
+            for splits in ((s128,) if bm == W.BM else (1, 2)):
+                if splits > 1 and (k // 128 < 4 * splits or tiles * splits > 2 * sms):
+                    continue
+                with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=splits):
+                    ref = G.fp8_gemm_nt(a, sa, b, sb)
+                parts = torch.empty(splits, m, n, dtype=torch.float32, device="cuda")
+                for stages in depths[bn]:
+                    def call(bn=bn, bm=bm, splits=splits, parts=parts, stages=stages):
+                        if splits == 1:
+                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, stages=stages)
+                        else:
+                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, bn=bn, bm=bm, splits=splits,
+                                     stages=stages)
+                            G._reduce_splits(parts, out)
+                    name = label if bm == W.BM else f"half 64x{bn} s{stages}"
+                    r[f"{name} k{splits}"] = _checked_time(call, out, ref)
+    ok = {c: t for c, t in r.items() if c.startswith("half") and isinstance(t, float)}
+    r["best_half"] = min(ok, key=ok.get) if ok else None
+    return r
+
+
+def half_rows():
+    rows = []
+    dg, _ = _deepgemm()
+    for m, n, k in DENSE:
+        rows.append(_half_shape(m, n, k, dg))
+        print(rows[-1]["shape"], {c: (round(t, 2) if isinstance(t, float) else t) for c, t in rows[-1].items()
+                                  if c != "shape"}, flush=True)
+    return rows
+
+
+def colsplit_rows(m=4096, n=2112, k=7168, main=2048):
+    """The first `main` columns in 128x256 tiles, the rest in a second launch."""
+    a, sa, b, sb, out = dense_inputs(m, n, k)
+    dg, _ = _deepgemm()
+    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
+    if dg is not None:
+        out_dg = torch.empty_like(out)
+        r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=1):
+        ref = G.fp8_gemm_nt(a, sa, b, sb)
+    g = main // 128
+    b_hi, sb_hi = b[main:], sb[g:]
+    r["main only"] = _time(lambda: W.launch(G.DENSE, a, sa, b[:main], sb[:g], sb, sb, 1, out[:, :main],
+                                            bn=W.WIDE_BN))
+    for bm, bn in ((W.BM, W.NARROW_BN), (W.HALF_BM, 64), (W.HALF_BM, 32)):
+        for splits in (1, 2, 4):
+            parts = torch.empty(splits, m, n - main, dtype=torch.float32, device="cuda")
+
+            def call(bm=bm, bn=bn, splits=splits, parts=parts):
+                W.launch(G.DENSE, a, sa, b[:main], sb[:g], sb, sb, 1, out[:, :main], bn=W.WIDE_BN)
+                if splits == 1:
+                    W.launch(G.DENSE, a, sa, b_hi, sb_hi, sb, sb, 1, out[:, main:], bn=bn, bm=bm)
+                else:
+                    W.launch(G.DENSE, a, sa, b_hi, sb_hi, sb, sb, 1, parts, bn=bn, bm=bm, splits=splits)
+                    G._reduce_splits(parts, out[:, main:])
+            out.fill_(float("nan"))
+            t = _time(call)
+            same = torch.equal(out, ref)
+            r[f"wide + {bm}x{bn} k{splits}"] = t
+            r[f"wide + {bm}x{bn} k{splits} same"] = "bit" if same else (
+                f"{(out.float() - ref.float()).norm().item() / ref.float().norm().item():.1e}")
+    print(r, flush=True)
+    return [r]
+
+
 def pdl_rows(reps=5):
     rows = []
     for m, n, k in DENSE:
@@ -219,7 +316,7 @@ def pdl_rows(reps=5):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl"))
+    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit"))
     args = ap.parse_args()
     res = {"env": environment()}
     if args.only == "ws":
@@ -228,6 +325,10 @@ def main():
         res["tma"] = tma_rows()
     if args.only == "pdl":
         res["pdl"] = pdl_rows()
+    if args.only == "half":
+        res["half"] = half_rows()
+    if args.only == "colsplit":
+        res["colsplit"] = colsplit_rows()
     if args.only in (None, "dense"):
         res["dense"] = dense_rows()
     if args.only in (None, "masked"):

@@ -74,19 +74,31 @@ def patched(**values):
 
 
 def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
-    """(label, flags) of what the dispatch runs: "sm90_ws 128xBN[/S]" (tile_n's width on this GPU,
-    ws_splits S), "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K
+    """(label, flags) of what the dispatch runs: "sm90_ws BMxBN[/S]" (tile_shape's tile on this GPU,
+    ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from
+    the other columns' call), "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K
     splits) or "triton" (TMA / pointer); flags: the patched() values that take the kernel it
     replaces (the Triton kernels split as sm90_ws split; the unswapped dispatch), None for triton."""
     dense = rows is None
     rows = m if rows is None else rows
+    sms = A.num_sms(0)
+    if dense and refusal is None and G.ws_before_swap(m, n, k, torch.device("cuda", 0)):  # 64-row tiles first
+        bm, bn = G.sm90_ws.tile_shape(m, n, sms)
+        return f"sm90_ws {bm}x{bn}", {"USE_WS": False, "FORCE_SPLIT_K": None}
+    if dense and refusal is None and G.sm90_ws.column_split(m, n, sms):
+        # N's whole wide tiles, then the rest through the dispatch: its K split is not the Triton kernel's
+        n0 = G.sm90_ws.column_split(m, n, sms)
+        bm, bn, _, splits = G.sm90_ws.grid(m, n - n0, k, sms)
+        return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.WIDE_BN} | {bm}x{bn}/{splits}", {"USE_WS": False,
+                                                                                   "FORCE_SPLIT_K": 1}
     if G.USE_SWAP and rows <= G.SWAP_MAX_ROWS:  # tried first (dense and masked)
         bn, bt, _, splits = G.swap_config(rows, n, k, m if dense else None, A.num_sms(0))
         return f"swap {bt}x{bn}/{splits}", {"USE_SWAP": False}
     if refusal is None:
-        label = f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.tile_n(m, n, A.num_sms(0))}"
+        bm, bn = G.sm90_ws.tile_shape(m, n, A.num_sms(0), dense)
+        label = f"sm90_ws {bm}x{bn}"
         return label + (f"/{ws_splits}" if ws_splits > 1 else ""), {
-            "USE_WS": False, "FORCE_SPLIT_K": ws_splits if ws_splits > 1 else None}
+            "USE_WS": False, "FORCE_SPLIT_K": ws_splits if dense else None}
     return "triton", None
 
 
@@ -104,7 +116,7 @@ def _measure(flops, call, out, kernel, rows=None):
             tms = graph_ms(call)
         r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
         r["vs_triton"] = _same(shipped, out, rows)
-        if label.startswith("sm90_ws") and r["vs_triton"] != "bit":
+        if label.startswith("sm90_ws") and "|" not in label and r["vs_triton"] != "bit":
             raise AssertionError("sm90_ws and the Triton kernel differ")
         out.copy_(shipped)  # DeepGEMM is compared with what the dispatch wrote
     return r

@@ -34,6 +34,11 @@ unchunked {d['chunk_extra_mib']['None']:.0f} MiB, 1024-row chunks {d['chunk_extr
 """
 
 
+def _cell(text: str) -> str:
+    """A table cell: a label's '|' (sm90_ws's column split) escaped for Markdown."""
+    return text.replace("|", "\\|")
+
+
 def gemm_section(d: dict, path: str) -> str:
     env = d["env"]
     dg = any("dg_tflops" in r for r in d["results"])
@@ -45,7 +50,7 @@ def gemm_section(d: dict, path: str) -> str:
             tri += f" ({r['vs_triton']})"
         extra = (f" {r['dg_tflops']:.0f} | {r['ours_over_dg']:.2f} | {r['same']} |" if "dg_tflops" in r
                  else " - | - | - |") if dg else ""
-        return (f"| {r['kind']} | {tuple(r['shape'])} | {r.get('kernel', 'triton')} | {r['ms']:.3f} | "
+        return (f"| {r['kind']} | {tuple(r['shape'])} | {_cell(r.get('kernel', 'triton'))} | {r['ms']:.3f} | "
                 f"{r['tflops']:.0f} | {r['ratio']:.2f} | {eager} | {tri} |{extra}")
 
     rows = "\n".join(row(r) for r in d["results"])
@@ -68,8 +73,9 @@ def gemm_section(d: dict, path: str) -> str:
     mem = [r for r in d["results"] if "mem_limit_us" in r]
     mem_text = ""
     if mem:
-        mem_rows = "\n".join(f"| {tuple(r['shape'])} | {r['kernel']} | {r['ms'] * 1e3:.1f} | {r['mem_limit_us']:.1f} | "
-                             f"{r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |" for r in mem)
+        mem_rows = "\n".join(f"| {tuple(r['shape'])} | {_cell(r['kernel'])} | {r['ms'] * 1e3:.1f} | "
+                             f"{r['mem_limit_us']:.1f} | {r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |"
+                             for r in mem)
         mem_text = f"""
 Memory-bound rows (dense M <= 64): the limit is the weight's bytes (N x K) at the copy bandwidth
 measured in the same run ({d['copy_gbs']:.0f} GB/s, read + write); "copy, same bytes" is a device copy
@@ -86,11 +92,13 @@ Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {e
 Ceiling measured in the same run: cuBLASLt per-tensor FP8 GEMM (torch._scaled_mm) 8192^3
 **{d['cublaslt_fp8_tflops']:.0f} TFLOP/s**. FP32 scales (A 1x128 MN-major, B 128x128). Times are
 CUDA-graph replays (kernel time); "eager call" is one Python call with its launch cost. "kernel"
-is what the shipped dispatch ran: `sm90_ws 128xBN[/S]` (warp-specialized Gluon, SM90; BN the tile
-width `sm90_ws.tile_n` chose, S its K splits; `sm90_ws masked` its masked mode), `swap TxBN/S` (the
-decode kernel: T-token by BN-weight-row tiles, S K splits) or `triton`; beside them the kernel the
-dispatch would take without them in the same run (USE_WS / USE_SWAP off, the same K splits), with
-`bit` where the outputs are bit-identical.
+is what the shipped dispatch ran: `sm90_ws BMxBN[/S]` (warp-specialized Gluon, SM90; BMxBN the tile
+`sm90_ws.tile_shape` chose, 64-row tiles included, S its K splits; `sm90_ws masked` its masked mode;
+`128x256 | BMxBN/S`: N's whole 128x256 tiles, then the other columns in their own call,
+`sm90_ws.column_split`), `swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K
+splits) or `triton`; beside them the kernel the dispatch would take without them in the same run
+(USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split), with `bit` where the
+outputs are bit-identical, else their relative L2 distance.
 {dg_text}
 {head}
 {rule}
