@@ -134,12 +134,28 @@ def _checked_time(call, out, ref):
     return "differs from the Triton split" if isinstance(t, float) and not torch.equal(out, ref) else t
 
 
-def _ws_shape(m, n, k, dg):
+def _dense_row(m, n, k, dg):
+    """(operands a, sa, b, sb, out of dense_inputs, the row {shape, shipped us, deepgemm us when dg})."""
     a, sa, b, sb, out = dense_inputs(m, n, k)
     r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
     if dg is not None:
         out_dg = torch.empty_like(out)
         r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    return (a, sa, b, sb, out), r
+
+
+def _printed_rows(shape_row, shapes, digits=1):
+    """[shape_row(m, n, k) for each shape], each printed as it is measured."""
+    rows = []
+    for m, n, k in shapes:
+        rows.append(shape_row(m, n, k))
+        print(rows[-1]["shape"], {c: (round(t, digits) if isinstance(t, float) else t)
+                                  for c, t in rows[-1].items() if c != "shape"}, flush=True)
+    return rows
+
+
+def _ws_shape(m, n, k, dg):
+    (a, sa, b, sb, out), r = _dense_row(m, n, k, dg)
     for splits in (1, 2, 4):
         if k // 128 < 4 * splits:
             continue
@@ -162,14 +178,8 @@ def _ws_shape(m, n, k, dg):
 
 
 def ws_rows():
-    rows = []
     dg, _ = _deepgemm()
-    for m, n, k in DENSE:
-        if m > 1:
-            rows.append(_ws_shape(m, n, k, dg))
-            print(rows[-1]["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in rows[-1].items()
-                                      if c != "shape"}, flush=True)
-    return rows
+    return _printed_rows(lambda m, n, k: _ws_shape(m, n, k, dg), [s for s in DENSE if s[0] > 1])
 
 
 def _tma_shape(m, n, k):
@@ -199,21 +209,11 @@ def _tma_shape(m, n, k):
 
 
 def tma_rows():
-    rows = []
-    for m, n, k in DENSE:
-        if 1 < m <= 128:
-            rows.append(_tma_shape(m, n, k))
-            print(rows[-1]["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in rows[-1].items()
-                                      if c != "shape"}, flush=True)
-    return rows
+    return _printed_rows(_tma_shape, [s for s in DENSE if 1 < s[0] <= 128])
 
 
 def _half_shape(m, n, k, dg):
-    a, sa, b, sb, out = dense_inputs(m, n, k)
-    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
-    if dg is not None:
-        out_dg = torch.empty_like(out)
-        r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    (a, sa, b, sb, out), r = _dense_row(m, n, k, dg)
     if m <= G.SWAP_MAX_ROWS:
         with patched(USE_WS=False):
             r["swap"] = _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
@@ -247,23 +247,13 @@ def _half_shape(m, n, k, dg):
 
 
 def half_rows():
-    rows = []
     dg, _ = _deepgemm()
-    for m, n, k in DENSE:
-        rows.append(_half_shape(m, n, k, dg))
-        print(rows[-1]["shape"], {c: (round(t, 2) if isinstance(t, float) else t) for c, t in rows[-1].items()
-                                  if c != "shape"}, flush=True)
-    return rows
+    return _printed_rows(lambda m, n, k: _half_shape(m, n, k, dg), DENSE, digits=2)
 
 
 def colsplit_rows(m=4096, n=2112, k=7168, main=2048):
     """The first `main` columns in 128x256 tiles, the rest in a second launch."""
-    a, sa, b, sb, out = dense_inputs(m, n, k)
-    dg, _ = _deepgemm()
-    r = {"shape": [m, n, k], "shipped": _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))}
-    if dg is not None:
-        out_dg = torch.empty_like(out)
-        r["deepgemm"] = _time(lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg))
+    (a, sa, b, sb, out), r = _dense_row(m, n, k, _deepgemm()[0])
     with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=1):
         ref = G.fp8_gemm_nt(a, sa, b, sb)
     g = main // 128

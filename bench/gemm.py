@@ -85,9 +85,8 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
     if dense and refusal is None and G.ws_before_swap(m, n, k, torch.device("cuda", 0)):  # 64-row tiles first
         bm, bn = G.sm90_ws.tile_shape(m, n, sms)
         return f"sm90_ws {bm}x{bn}", {"USE_WS": False, "FORCE_SPLIT_K": None}
-    if dense and refusal is None and G.sm90_ws.column_split(m, n, sms):
-        # N's whole wide tiles, then the rest through the dispatch: its K split is not the Triton kernel's
-        n0 = G.sm90_ws.column_split(m, n, sms)
+    n0 = G.sm90_ws.column_split(m, n, sms) if dense and refusal is None else 0
+    if n0:  # N's whole wide tiles, then the rest through the dispatch: its K split is not the Triton kernel's
         bm, bn, _, splits = G.sm90_ws.grid(m, n - n0, k, sms)
         return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.WIDE_BN} | {bm}x{bn}/{splits}", {"USE_WS": False,
                                                                                    "FORCE_SPLIT_K": 1}
