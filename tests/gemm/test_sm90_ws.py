@@ -112,6 +112,17 @@ def test_tile_shape_takes_64_row_tiles_only_where_128_row_ones_would_not_fill_th
     assert W.tile_shape(m, n, sms) == shape
 
 
+def test_launch_refuses_64_row_tiles_for_grouped_calls(monkeypatch):
+    """A direct launch (no plan) of a contiguous call in 64-row tiles is refused before any descriptor
+    is built: the grouped modes walk 128-row tiles."""
+    monkeypatch.setattr(W.A, "num_sms", lambda index: 132)
+    a, sa, b, sb = _ops(256, 1024, 256, "cpu", e=2)
+    ids = torch.zeros(256, dtype=torch.int32)
+    out = torch.empty(256, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="64-row tiles are dense only"):
+        W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, torch.zeros(2, dtype=torch.int32), 2, out, bm=W.HALF_BM, bn=64)
+
+
 @pytest.mark.parametrize("m,n,sms,n0", [(4096, 2112, 132, 2048), (4096, 2048, 132, 0), (4096, 200, 132, 0),
                                         (512, 2112, 132, 0), (512, 2112, 32, 2048), (4096, 4352, 132, 0),
                                         (4096, 4416, 132, 4352)])
