@@ -123,6 +123,23 @@ def test_launch_refuses_64_row_tiles_for_grouped_calls(monkeypatch):
         W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, torch.zeros(2, dtype=torch.int32), 2, out, bm=W.HALF_BM, bn=64)
 
 
+@pytest.mark.parametrize("m,bm,rows", [(1, 64, 16), (16, 64, 16), (17, 64, 32), (32, 64, 32), (33, 64, 64),
+                                       (64, 64, 64), (100, 64, 64), (16, 128, 128), (1, 128, 128)])
+def test_a_box_rows_loads_16_or_32_rows_only_for_a_64_row_tile_over_that_many(m, bm, rows):
+    assert W.a_box_rows(m, bm) == rows
+
+
+@pytest.mark.parametrize("m,bm,a_rows", [(17, 64, 16), (33, 64, 32), (16, 128, 16), (16, 64, 48)])
+def test_launch_refuses_an_a_box_shorter_than_the_rows_it_must_load(monkeypatch, m, bm, a_rows):
+    """Rows of A past the box would be stored from unwritten shared memory: refused before any
+    descriptor is built."""
+    monkeypatch.setattr(W.A, "num_sms", lambda index: 132)
+    a, sa, b, sb = _ops(m, 1024, 256, "cpu")
+    out = torch.empty(m, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"a_rows {a_rows} must be the tile's {bm} rows"):
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bm=bm, bn=64 if bm == 64 else 128, a_rows=a_rows)
+
+
 @pytest.mark.parametrize("m,n,sms,n0", [(4096, 2112, 132, 2048), (4096, 2048, 132, 0), (4096, 200, 132, 0),
                                         (512, 2112, 132, 0), (512, 2112, 32, 2048), (4096, 4352, 132, 0),
                                         (4096, 4416, 132, 4352)])
@@ -270,15 +287,15 @@ def _assert_as_the_triton_split(monkeypatch, splits, a, sa, b, sb, out, buf):
 @pytest.mark.parametrize("m,n,k,bn,via", [(128, 4096, 1664, 64, "dispatch"), (100, 4100, 1664, 64, "dispatch"),
                                          (64, 7168, 2048, 64, "dispatch"), (16, 8192, 1664, 64, "dispatch"),
                                          (100, 2000, 1664, 64, "launch"), (100, 2000, 1664, 128, "launch"),
-                                         (1, 1000, 384, 64, "launch")])
+                                         (1, 1000, 384, 64, "launch"), (30, 1000, 1664, 128, "launch")])
 @pytest.mark.parametrize("epilogue", ["tma", "pointer"])
 def test_64_row_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, bn, via, epilogue):
-    """64-row tiles (sm90_ws.HALF_BM; each consumer takes half of a tile's columns), unsplit, through
+    """64-row tiles (sm90_ws.HALF_BM; one consumer warpgroup runs each), unsplit, through
     the dispatch (M=64 before the swapped kernel, ws_before_swap; M=16 with it off) or a direct
-    launch, bit-identical to the Triton kernel unsplit: ragged M (100: a second tile of 36 rows; 1
-    and 16 rows), N ending in a partial tile (4100 in 64-wide tiles: consumer 1 of the last has no
-    column; 2000 and 1000), an odd number of K steps; guard columns stay poisoned; within TOL of the
-    float64 oracle."""
+    launch, bit-identical to the Triton kernel unsplit: ragged M (100: a second tile of 36 rows; 1,
+    16 and 30 rows, whose tiles load a 16- or 32-row box of A, sm90_ws.a_box_rows), N ending in a
+    partial tile (4100 in 64-wide tiles: 4 columns in the last; 2000 and 1000), an odd number of K
+    steps; guard columns stay poisoned; within TOL of the float64 oracle."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
     pad = 8 if epilogue == "tma" else 3
     buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -298,13 +315,14 @@ def test_64_row_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, bn, via,
 @pytest.mark.gpu_sm90
 @pytest.mark.parametrize("m,n,k,splits,bn", [(128, 1024, 7168, None, (64, 64)), (100, 1100, 1664, 3, 128),
                                              (300, 2048, 512, 4, 128), (200, 2080, 1664, 3, 64),
-                                             (100, 1100, 1664, 3, (64, 128)), (72, 2080, 1664, 4, (64, 64))])
+                                             (100, 1100, 1664, 3, (64, 128)), (72, 2080, 1664, 4, (64, 64)),
+                                             (20, 1100, 1664, 3, (64, 64))])
 def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, splits, bn):
     """Dense grids smaller than the GPU split K in sm90_ws (through the dispatch: M=128, N=1024 in 32
     tiles of 64x64, 4 splits; or forced by a direct launch, 128-row tiles 128 and 64 wide, 64-row
-    tiles 128 and 64 wide): the partials equal the Triton kernel's split into the same runs of K
-    blocks, so the reduced output is bit-identical; a 4-way split of 4 K blocks leaves no split
-    empty-handed."""
+    tiles 128 and 64 wide, 20 rows of a 32-row A box): the partials equal the Triton kernel's split
+    into the same runs of K blocks, so the reduced output is bit-identical; a 4-way split of 4 K
+    blocks leaves no split empty-handed."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n)
     buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]

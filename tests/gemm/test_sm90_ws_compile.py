@@ -1,6 +1,7 @@
 """The SM90 warp-specialized Gluon GEMM (rtp_fp8/gemm/triton/sm90_ws.py), dense, m-grouped
-contiguous and m-grouped masked, with and without the TMA-store epilogue, compiles for sm_90a without a GPU: three
-partitions (two consumer warpgroups, one producer warp), async m64n128k32 FP8 wgmma (m64n64k32 in
+contiguous and m-grouped masked, with and without the TMA-store epilogue, compiles for sm_90a
+without a GPU: three partitions (two consumer warpgroups, one producer warp; 64-row tiles: one
+consumer warpgroup), async m64n128k32 FP8 wgmma (m64n64k32 in
 narrow tiles), no spills,
 and none of ptxas's wgmma serialization warnings (C7514, which an MMA result carried across the
 loop edge causes). Its results and numbers come from the GPU (tests/gemm/test_sm90_ws.py,
@@ -33,7 +34,7 @@ import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
-                               bm=int(sys.argv[6]))
+                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
 """
@@ -42,26 +43,27 @@ kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.ar
 H = sm90_ws.HALF_BM
 
 
-@pytest.mark.parametrize("mode,epi_tma,bn,split,bm", [
+@pytest.mark.parametrize("mode,epi_tma,bn,split,bm,a_rows", [a + (0, ) for a in [
     (0, 0, 128, 0, 128), (0, 1, 128, 0, 128), (1, 0, 128, 0, 128), (1, 1, 128, 0, 128), (2, 0, 128, 0, 128),
     (2, 1, 128, 0, 128), (0, 0, 128, 1, 128),
     (0, 0, sm90_ws.WIDE_BN, 0, 128), (0, 1, sm90_ws.WIDE_BN, 0, 128), (1, 0, sm90_ws.WIDE_BN, 0, 128),
     (2, 1, sm90_ws.WIDE_BN, 0, 128),
     (0, 1, sm90_ws.NARROW_BN, 0, 128), (0, 0, sm90_ws.NARROW_BN, 1, 128), (1, 1, sm90_ws.NARROW_BN, 0, 128),
     (2, 0, sm90_ws.NARROW_BN, 0, 128), (2, 1, sm90_ws.NARROW_BN, 0, 128),
-    (0, 1, 128, 0, H), (0, 1, 64, 0, H), (0, 0, 64, 0, H), (0, 0, 128, 1, H), (0, 0, 64, 1, H)],
+    (0, 1, 128, 0, H), (0, 1, 64, 0, H), (0, 0, 64, 0, H), (0, 0, 128, 1, H), (0, 0, 64, 1, H)]] + [
+    (0, 1, 64, 0, H, 16), (0, 0, 128, 1, H, 32)],
     ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "masked", "masked-tma_store",
          "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store",
          "narrow-dense-tma_store", "narrow-dense-split_k", "narrow-contiguous-tma_store", "narrow-masked",
          "narrow-masked-tma_store", "half128-dense-tma_store", "half64-dense-tma_store", "half64-dense",
-         "half128-dense-split_k", "half64-dense-split_k"])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm):
+         "half128-dense-split_k", "half64-dense-split_k", "half64-a16-dense-tma_store", "half128-a32-dense-split_k"])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_rows):
     """Every variant launch() can run (wide contiguous tiles keep pointer stores; 64-row tiles are
-    dense only)."""
+    dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split),
-                    str(bm)], check=True, cwd=ROOT, env=env)
+                    str(bm), str(a_rows)], check=True, cwd=ROOT, env=env)
     wide = bn == sm90_ws.WIDE_BN
     ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
@@ -69,14 +71,17 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm):
         "cp.async.bulk.tensor.2d.shared::cta.global") == 2
     assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") + ptx.count(
         "cp.async.bulk.tensor.1d.shared::cluster.global") == 1
+    consumers = 1 if bm == H else 2  # a 64-row tile's one consumer runs it whole
     # the TMA epilogue: one 64-row store per consumer and 128-column half
-    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else 2) if epi_tma else 0)
-    assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12  # 4 + 4 + 1, by warpgroups
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else consumers) if epi_tma else 0)
+    # 4 + 4 + 1 by warpgroups; a 64-row tile's 4 + 1
+    assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 4 * consumers + 4
     # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps);
     # wide: 2 consumers x 2 sites (one per 128-column half) x 4; narrow: m64n64 wgmmas; a 64-row
-    # tile's consumers: m64 x half the tile's width each
-    width = bn // 2 if bm == H else min(bn, 128)
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3") == (2 * 2 * 4 if wide else 2 * 3 * 4)
+    # tile's one consumer: m64 x the tile's width
+    width = bn if bm == H else min(bn, 128)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.e4m3.e4m3") == (
+        2 * 2 * 4 if wide else consumers * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",

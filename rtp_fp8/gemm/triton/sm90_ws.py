@@ -69,25 +69,27 @@ STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for t
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
-# whose 128-row tiles would not fill the GPU: A [64, 128] is shared and each consumer runs an m64 wgmma
-# over its half of the tile's columns (tile widths HALF_WIDTHS: 32 or 64 columns a consumer), so a
-# 64-token batch fills the SMs without K splits. STAGES_HALF: ring slots by width. From
-# bench/decode_sweep.py --only half on the H200 (docs/perf.md): 64x32 tiles (16 columns a consumer)
-# lost on every decode shape; depths 4-12 differ by a few percent at most.
+# whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
+# (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
+# taking half the columns (the first design) read A's slot from shared memory twice a step: (128,
+# 4096, 7168) took 14.3 us, one consumer 13.7 (docs/perf.md). STAGES_HALF: ring slots by width,
+# from bench/decode_sweep.py --only half on the H200 (docs/perf.md): deeper rings ran slower (64
+# wide at (64, 7168, 2048): 5.9 us in 4 slots, 6.2 in 6, 6.4 in 9); 64x32 tiles lost on every
+# decode shape.
 HALF_BM, HALF_MAX_ROWS = 64, 256
 HALF_WIDTHS = (128, 64)
-STAGES_HALF = {128: 4, 64: 9}
+STAGES_HALF = {128: 4, 64: 4}
 GROUP_M = 8
 # Tiles of this many 128-column blocks or more walk GROUP_M_WIDE row tiles per group: measured on the H200
 # (4096 x 24576 x 1536: 940 -> 975 TFLOP/s, 4096 x 32768 x 512: 775 -> 801; N <= 7168 within 1 % of 8).
 WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 # TMA box and element type of each descriptor (the launch and the offline compile build from it):
-# A and B tiles, the step's A-row scales, a consumer's half of the output tile.
-def boxes(bn=None, bm=BM):
-    """bm HALF_BM: a 64-row tile, whose consumers each store their bn / 2 columns."""
+# A and B tiles, the step's A-row scales, a consumer's share of the output tile.
+def boxes(bn=None, bm=BM, a_rows=None):
+    """bm HALF_BM: a 64-row tile, stored whole by its one consumer; a_rows: A's box rows (a_box_rows)."""
     bn = bn or BN
-    cw = bn // 2 if bm == HALF_BM else min(bn, 128)
-    return {"a_desc": ([bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
+    cw = bn if bm == HALF_BM else min(bn, 128)
+    return {"a_desc": ([a_rows or bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
             "sa_desc": ([bm], "float32", "fp32"), "c_desc": ([HALF, cw], "bfloat16", "bf16")}
 
 
@@ -107,10 +109,9 @@ def _coords(t, TILES_M, tiles_n, GROUP_M):
 @gluon.jit
 def _operands(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, s):
     """Consumer c's A rows, B rows and A-row scales in ring slot s: of a 128-row tile its 64 rows
-    and all of B; of a 64-row (HALF_BM) tile all of A and its half of B's rows (output columns)."""
+    and all of B; of a 64-row (HALF_BM) tile, whose one consumer runs it, all of them."""
     if a_bufs.shape[1] == 64:
-        TW: gl.constexpr = b_bufs.shape[1] // 2
-        return a_bufs.index(s), b_bufs.index(s).slice(c * TW, TW), sa_bufs.index(s)
+        return a_bufs.index(s), b_bufs.index(s), sa_bufs.index(s)
     else:
         return a_bufs.index(s).slice(c * 64, 64), b_bufs.index(s), sa_bufs.index(s).slice(c * 64, 64)
 
@@ -252,12 +253,12 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
                   EPI_TMA: gl.constexpr):
     """Consumer c's share of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
     out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials. A 128-row
-    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile's take half its columns each."""
+    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
     HALF_M: gl.constexpr = a_bufs.shape[1] == 64  # and the tile height in A's
-    TW: gl.constexpr = TN // 2 if HALF_M else (128 if TN > 128 else TN)  # one wgmma's width (a wide tile runs two)
+    TW: gl.constexpr = TN if HALF_M else (128 if TN > 128 else TN)  # one wgmma's width (a wide tile runs two)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -266,7 +267,7 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
                                                          instr_shape=[16, TW, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     zero = gl.zeros((64, TW), gl.float32, mma_layout)
-    col0 = pid_n * TN + c * TW if HALF_M else pid_n * TN
+    col0 = pid_n * TN
     r0 = row0 if HALF_M else row0 + c * 64
     sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
@@ -301,8 +302,8 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
 
 @gluon.jit
 def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
-    """Consumer c: rows [c * 64, c * 64 + 64) of every 128-row tile; columns [c * TN / 2, (c + 1) *
-    TN / 2) of every 64-row tile (dense only)."""
+    """Consumer c: rows [c * 64, c * 64 + 64) of every 128-row tile; consumer 0 alone: all of
+    every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
     TN: gl.constexpr = bufs[1].shape[1]
@@ -351,6 +352,7 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
     NSTAGES: gl.constexpr = full.shape[0]
     TN: gl.constexpr = b_bufs.shape[1]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+    RA: gl.constexpr = a_desc.block_type.shape[0]  # A's box: the tile's rows, or the first 16 / 32 of 64
     for kb in range(k_lo, k_lo + nk):
         s = g % NSTAGES
         mbarrier.wait(empty.index(s), ((g // NSTAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
@@ -359,7 +361,10 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
         fence_async_shared()
         bar = full.index(s)
         mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(a_desc, [row0, kb * 128], bar, a_bufs.index(s))
+        a_dst = a_bufs.index(s)
+        if RA != a_bufs.shape[1]:
+            a_dst = a_dst.slice(0, RA)
+        tma.async_copy_global_to_shared(a_desc, [row0, kb * 128], bar, a_dst)
         tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
         tma.async_copy_global_to_shared(sa_desc, [sa0 + kb * m_pad], bar, sa_bufs.index(s))
         g += 1
@@ -399,7 +404,10 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
                     stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
                     STAGES: gl.constexpr, MODE: gl.constexpr,
                     EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
+    HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
+    TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, TM, a_desc.block_type.shape[1]], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
     if EPI_TMA == 1:  # one output buffer per consumer
@@ -410,7 +418,7 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+        mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
     # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
@@ -419,7 +427,10 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
              stride_ws), cfg)
-    gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
+    if HALF_M:
+        gl.warp_specialize([(_consumer0, args), (_produce, args)], [1], [40])
+    else:
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, 1], [232, 40])
 
 
 def tile_n(m, n, num_sms):
@@ -452,6 +463,15 @@ def column_split(m, n, num_sms):
     ones plus 64 columns (bench/decode_sweep.py --only colsplit, docs/perf.md)."""
     n0 = n // WIDE_BN * WIDE_BN
     return n0 if 0 < n0 < n and cdiv(m, BM) * (n0 // WIDE_BN) >= num_sms else 0
+
+
+def a_box_rows(m, bm=HALF_BM):
+    """Rows of A's TMA box: the tile's, except that a 64-row tile over at most 32 rows (its only
+    row tile) loads 16 or 32 of them; its wgmma reads the slot's other rows unwritten, and their
+    outputs are never stored. Rows past M cost TMA time all the same (docs/perf.md)."""
+    if bm != HALF_BM or m > 32:
+        return bm
+    return 16 if m <= 16 else 32
 
 
 def _tile_rows(a, masked_rows):
@@ -534,7 +554,7 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
     return None
 
 
-def _descriptors(a, b2, sa, out, epi_tma, bn, bm):
+def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, kg = sa.shape[-2:]
@@ -545,7 +565,7 @@ def _descriptors(a, b2, sa, out, epi_tma, bn, bm):
     c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
     tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
     return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
-                 for name, (block, dtype, _) in boxes(bn, bm).items())
+                 for name, (block, dtype, _) in boxes(bn, bm, a_rows).items())
 
 
 def _stages(bn, bm=BM):
@@ -555,13 +575,13 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None):
+           splits=1, bm=None, stages=None, a_rows=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
-    _stages; benchmarks sweep it)."""
+    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -569,6 +589,10 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     bm, bn = grid(rows, n, k, num_sms, bn, mode == 0, bm)[:2]
     if bm == HALF_BM and mode != 0:
         raise ValueError(f"{HALF_BM}-row tiles are dense only (mode 0), got mode {mode}")
+    a_rows = a_rows or a_box_rows(m, bm)
+    if a_rows != bm and not (bm == HALF_BM and a_rows in (16, 32) and m <= a_rows):
+        raise ValueError(f"a_rows {a_rows} must be the tile's {bm} rows, or 16 / 32 of a 64-row tile over at most "
+                         f"as many rows (M={m})")
     stride_ws = 0
     if splits > 1:
         stride_ws, out, epi_tma = out.stride(0), out[0], False
@@ -584,22 +608,23 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    _ws_gemm_kernel[(nprog, )](*_descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm), out2, sb, grp, cnt, m, n,
-                               k, e, tiles_m, group_m, out2.stride(0), sb_e, sb.stride(-2), sb.stride(-1),
-                               sa.stride(-1), sa_e, splits, stride_ws, STAGES=stages or _stages(bn, bm), MODE=mode,
-                               EPI_TMA=int(epi_tma), num_warps=4, maxnreg=168)
+    descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows)
+    _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
+                               sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
+                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
+                               maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
-    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles."""
+    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
-           for name, (block, dtype, ty) in boxes(bn, bm).items()}
+           for name, (block, dtype, ty) in boxes(bn, bm, a_rows).items()}
     sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
