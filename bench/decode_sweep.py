@@ -19,10 +19,11 @@ on 128 programs at N=4096); and the split reduction alone (`_reduce_splits`) at 
 split's size, what folding it into the GEMM could save at most.
 
 --only half: sm90_ws's 64-row tiles (sm90_ws.HALF_BM) launched directly on the dense decode shapes per
-(tile width, ring depth, K splits), beside the shipped dispatch, the swapped kernel (M <= 64), the
-128-row tiles the dispatch took before them, and DeepGEMM (when importable); each candidate's output
-must equal the Triton kernel's split into the same K runs bit for bit. Chose HALF_WIDTHS, STAGES_HALF
-and where 64-row tiles replace the swapped kernel.
+(tile width, ring depth, K splits, A's box rows: 64, or sm90_ws.a_box_rows's 16 / 32),
+beside the shipped dispatch, the swapped kernel (M <= 64), the 128-row tiles the dispatch took
+before them, and DeepGEMM (when importable); each candidate's output must equal the Triton kernel's
+split into the same K runs bit for bit. Chose HALF_WIDTHS, STAGES_HALF and where 64-row tiles
+replace the swapped kernel.
 
 --only colsplit: (4096, 2112, 7168) as two sm90_ws launches over column ranges of B and out: the first
 2048 columns in 128x256 tiles, the last 64 in narrow or 64-row tiles with or without K splits.
@@ -221,8 +222,7 @@ def _half_shape(m, n, k, dg):
     bn128 = W.tile_n(m, n, sms)
     s128 = W.split_k(cdiv(m, W.BM) * cdiv(n, bn128), cdiv(k, 128), sms)
     for label, bm, widths, depths in ((f"ws 128x{bn128}", W.BM, (bn128,), {bn128: (None,)}),
-                                      ("half", W.HALF_BM, W.HALF_WIDTHS,
-                                       {128: (4, 6, 8), 64: (6, 9, 12), 32: (8, 12, 16)})):
+                                      ("half", W.HALF_BM, W.HALF_WIDTHS, {128: (3, 4, 6), 64: (3, 4, 6)})):
         for bn in widths:
             tiles = cdiv(m, bm) * cdiv(n, bn)
             for splits in ((s128,) if bm == W.BM else (1, 2)):
@@ -231,15 +231,17 @@ def _half_shape(m, n, k, dg):
                 with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=splits):
                     ref = G.fp8_gemm_nt(a, sa, b, sb)
                 parts = torch.empty(splits, m, n, dtype=torch.float32, device="cuda")
-                for stages in depths[bn]:
-                    def call(bn=bn, bm=bm, splits=splits, parts=parts, stages=stages):
+                boxes = sorted({bm, W.a_box_rows(m, bm)})  # a 64-row tile over <= 32 rows: its short box, and 64
+                for stages, a_rows in ((s, ra) for s in depths[bn] for ra in boxes):
+                    def call(bn=bn, bm=bm, splits=splits, parts=parts, stages=stages, a_rows=a_rows):
                         if splits == 1:
-                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, stages=stages)
+                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, stages=stages,
+                                     a_rows=a_rows)
                         else:
                             W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, bn=bn, bm=bm, splits=splits,
-                                     stages=stages)
+                                     stages=stages, a_rows=a_rows)
                             G._reduce_splits(parts, out)
-                    name = label if bm == W.BM else f"half 64x{bn} s{stages}"
+                    name = label if bm == W.BM else f"half 64x{bn} s{stages}" + (f" a{a_rows}" if a_rows < bm else "")
                     r[f"{name} k{splits}"] = _checked_time(call, out, ref)
     ok = {c: t for c, t in r.items() if c.startswith("half") and isinstance(t, float)}
     r["best_half"] = min(ok, key=ok.get) if ok else None
