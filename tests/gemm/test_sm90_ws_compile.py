@@ -14,6 +14,7 @@ cannot call)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -89,3 +90,26 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
     assert res.returncode == 0, res.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
     assert "C7514" not in res.stderr and "serializ" not in res.stderr.lower(), res.stderr
+
+
+def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_path):
+    """bench/barrier_probe.py's PTX edit on the 64x64 tile's kernel: the barriers before the three
+    K-step waits (two per loop trip and the odd-step tail), then also those before the three
+    arrives, and no other; the edited PTX still assembles for sm_90a."""
+    from bench.barrier_probe import strip_syncs
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "0", "1", "64", "0", str(H), "0"], check=True,
+                   cwd=ROOT, env=env)
+    ptx = (tmp_path / "kernel.ptx").read_text()
+    syncs = len(re.findall(r"bar\.sync\s+\d+,\s*128;", ptx))
+    no_wait, n_wait = strip_syncs(ptx)
+    no_sync, n_all = strip_syncs(ptx, ("mbarrier.try_wait", "mbarrier.arrive.shared"))
+    assert (n_wait, n_all) == (3, 6)
+    assert len(re.findall(r"bar\.sync\s+\d+,\s*128;", no_sync)) == syncs - 6
+    assert no_wait.count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait")
+    (tmp_path / "edited.ptx").write_text(no_sync)
+    res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", str(tmp_path / "edited.ptx"), "-o",
+                          str(tmp_path / "edited.cubin")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
