@@ -135,6 +135,16 @@ def _checked_time(call, out, ref):
     return "differs from the Triton split" if isinstance(t, float) and not torch.equal(out, ref) else t
 
 
+def _ws_launch(a, sa, b, sb, out, parts, splits, **tile):
+    """sm90_ws dense into out, or split `splits` ways into the FP32 parts and reduced into out
+    in split order (block_scaled's own reduction)."""
+    if splits == 1:
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, **tile)
+    else:
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits, **tile)
+        G._reduce_splits(parts, out)
+
+
 def _dense_row(m, n, k, dg):
     """(operands a, sa, b, sb, out of dense_inputs, the row {shape, shipped us, deepgemm us when dg})."""
     a, sa, b, sb, out = dense_inputs(m, n, k)
@@ -165,11 +175,7 @@ def _ws_shape(m, n, k, dg):
             ref = G.fp8_gemm_nt(a, sa, b, sb)
         for bn, depths in ((W.NARROW_BN, (4, 6, 8)), (W.BN, (W.STAGES,))):
             def call(bn=bn, splits=splits, parts=parts):
-                if splits == 1:
-                    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn)
-                else:
-                    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, bn=bn, splits=splits)
-                    G._reduce_splits(parts, out)
+                _ws_launch(a, sa, b, sb, out, parts, splits, bn=bn)
             for stages in depths:
                 with _ring(bn, stages):
                     r[f"ws bn{bn} s{stages} k{splits}"] = _checked_time(call, out, ref)
@@ -234,13 +240,7 @@ def _half_shape(m, n, k, dg):
                 boxes = sorted({bm, W.a_box_rows(m, bm)})  # a 64-row tile over <= 32 rows: its short box, and 64
                 for stages, a_rows in ((s, ra) for s in depths[bn] for ra in boxes):
                     def call(bn=bn, bm=bm, splits=splits, parts=parts, stages=stages, a_rows=a_rows):
-                        if splits == 1:
-                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, stages=stages,
-                                     a_rows=a_rows)
-                        else:
-                            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, bn=bn, bm=bm, splits=splits,
-                                     stages=stages, a_rows=a_rows)
-                            G._reduce_splits(parts, out)
+                        _ws_launch(a, sa, b, sb, out, parts, splits, bn=bn, bm=bm, stages=stages, a_rows=a_rows)
                     name = label if bm == W.BM else f"half 64x{bn} s{stages}" + (f" a{a_rows}" if a_rows < bm else "")
                     r[f"{name} k{splits}"] = _checked_time(call, out, ref)
     ok = {c: t for c, t in r.items() if c.startswith("half") and isinstance(t, float)}
@@ -268,11 +268,7 @@ def colsplit_rows(m=4096, n=2112, k=7168, main=2048):
 
             def call(bm=bm, bn=bn, splits=splits, parts=parts):
                 W.launch(G.DENSE, a, sa, b[:main], sb[:g], sb, sb, 1, out[:, :main], bn=W.WIDE_BN)
-                if splits == 1:
-                    W.launch(G.DENSE, a, sa, b_hi, sb_hi, sb, sb, 1, out[:, main:], bn=bn, bm=bm)
-                else:
-                    W.launch(G.DENSE, a, sa, b_hi, sb_hi, sb, sb, 1, parts, bn=bn, bm=bm, splits=splits)
-                    G._reduce_splits(parts, out[:, main:])
+                _ws_launch(a, sa, b_hi, sb_hi, out[:, main:], parts, splits, bn=bn, bm=bm)
             out.fill_(float("nan"))
             t = _time(call)
             same = torch.equal(out, ref)
