@@ -259,13 +259,42 @@ def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r
 
 
 @gluon.jit
+def _div_rn_fast(a, b):
+    """div.rn(a, b) without its slow-path branch, for b in [1, 2**64] and a 0 or in 2**-60 <= |a| <=
+    2**64 (_silu_mul checks): y ~ 1 / b from rcp.approx and a Newton step; q = a y corrected once
+    by its exact remainder lies within an ulp of a / b, so of q and its neighbour towards a / b the
+    one with the smaller exact remainder is the rounded quotient (never a tie: a bf16 numerator's
+    quotient is not a midpoint). Zeros keep their sign. The branch of each div.rn kept ptxas from
+    interleaving a tile's divisions: 5-7 us a tile (bench/act_epilogue.py)."""
+    y = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [b], dtype=gl.float32, is_pure=True,
+                                  pack=1)
+    nb = b * -1.0
+    y = gl.fma(y, gl.fma(nb, y, 1.0), y)
+    q = a * y
+    q = gl.fma(gl.fma(nb, q, a), y, q)
+    r = gl.fma(nb, q, a)  # exact: a - q b
+    up = (r > 0.0) == (q > 0.0)  # |a / b| > |q|: the neighbour of larger magnitude
+    n = (q.to(gl.int32, bitcast=True) + gl.where(up, 1, -1)).to(gl.float32, bitcast=True)
+    q = gl.where(gl.abs(gl.fma(nb, n, a)) < gl.abs(r), n, q)
+    return gl.where(a == 0.0, a, q)
+
+
+@gluon.jit
 def _silu_mul(gate, up):
     """token_group._silu_mul restated for Gluon (a Gluon kernel cannot call a Triton function), from
     the GEMM's FP32 tiles rounded to bf16 as a stored gate_up would be: bf16(silu(g) * u), silu(g)
-    = g / (1 + expf(-g)) with IEEE division and the CUDA math library's expf."""
+    = g / (1 + expf(-g)) with IEEE division and the CUDA math library's expf. The division is
+    _div_rn_fast's unless some element of the tile is outside its range (g < -44, where 1 + expf(-g)
+    may pass 2**64; |g| > 2**64; 0 < |g| < 2**-60; NaN): then div.rn for the whole tile. The
+    divisor is formed in each branch, so that it is not live beside g and up across the test."""
     g = gate.to(gl.bfloat16).to(gl.float32)
-    u = up.to(gl.bfloat16).to(gl.float32)
-    return (gl.div_rn(g, 1.0 + libdevice.exp(g * -1.0)) * u).to(gl.bfloat16).to(gl.float32)
+    ag = gl.abs(g)
+    out = (g < -44.0) | (ag > 18446744073709551616.0) | ((ag < 8.673617379884035e-19) & (g != 0.0)) | (g != g)
+    if gl.max(gl.max(out.to(gl.int32), axis=1), axis=0) != 0:
+        s = gl.div_rn(g, 1.0 + libdevice.exp(g * -1.0))
+    else:
+        s = _div_rn_fast(g, 1.0 + libdevice.exp(g * -1.0))
+    return (s * up.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
 
 
 @gluon.jit
