@@ -97,14 +97,10 @@ def bench_executor(t=4096, inter=2048):
     wd = torch.randn(E_LOCAL, H, inter, device="cuda", generator=g).div_(inter**0.5).to(torch.bfloat16)
     experts = X.QuantizedExperts.from_bf16(wg, wu, wd, arch)
     del wg, wu, wd
-    G.USE_WS_ACT = False  # ex: the gate/up GEMM into bf16 gate_up, then silu*mul+quant (its parts timed below)
     ex = X.ContiguousExecutor(experts, t, TOPK, alignment=ALIGN, num_global_experts=E_GLOBAL)
-    G.USE_WS_ACT = True  # fused: as shipped, the GEMM storing the activation where sm90_ws's epilogue applies
-    fused = X.ContiguousExecutor(experts, t, TOPK, alignment=ALIGN, num_global_experts=E_GLOBAL)
     x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
     ids, w = routing(t, seed=2)
     total = graph_ms(lambda: ex(x, ids, w))
-    total_fused = graph_ms(lambda: fused(x, ids, w))
     layout = ex.layout
     q, s = T.per_token_group_quant(x, 128, scale_layout=layout)
     lay, oidx = K.ep_dispatch(q, s, ids, E_LOCAL, ex.a, ex.a_scales, ALIGN, num_global_experts=E_GLOBAL)
@@ -119,13 +115,6 @@ def bench_executor(t=4096, inter=2048):
             ex.act_q, ex.act_s, experts.w2, experts.w2_scales, mi, out=ex.down, alignment=ALIGN)),
         "gather": graph_ms(lambda: K.ep_gather(ex.down, w, oidx)),
     }
-    # the routed rows' activation, unfused (the parts' last silu*mul+quant replay wrote it) and fused
-    routed = mi >= 0
-    fused_part = (graph_ms(lambda: G.m_grouped_fp8_gemm_nt_contiguous_silu_quant(
-        ex.a, ex.a_scales, experts.w13, experts.w13_scales, mi, fused.act_q, fused.act_s, layout, alignment=ALIGN))
-        if fused.fused_activation else None)
-    diff = (int((ex.act_q.view(torch.uint8)[routed] != fused.act_q.view(torch.uint8)[routed]).any(1).sum())
-            + int((ex.act_s[routed] != fused.act_s[routed]).any(1).sum())) if fused_part else None
     local = int(((ids >= 0) & (ids < E_LOCAL)).sum())
     flops = 2 * local * (2 * inter * H + inter * H)
     # before the padding rows were skipped: silu*mul+quant over every workspace row, and the forward with it
@@ -140,11 +129,7 @@ def bench_executor(t=4096, inter=2048):
             "parts_us": {k: v * 1e3 for k, v in parts.items()}, "sum_parts_us": sum(parts.values()) * 1e3,
             "tflops": flops / (total * 1e-3) / 1e12, "silu_rows": rows, "silu_bytes": silu_bytes,
             "silu_gbs": silu_bytes / (parts["silu*mul+quant"] * 1e-3) / 1e9, "silu_all_rows_us": all_rows * 1e3,
-            "total_all_rows_us": total_all_rows * 1e3,
-            "fused": {"applies": fused.fused_activation, "forward_us": total_fused * 1e3,
-                      "gate_up_act_us": fused_part * 1e3 if fused_part else None,
-                      "same": None if diff is None else "bit" if diff == 0 else f"{diff} rows differ",
-                      "tflops": flops / (total_fused * 1e-3) / 1e12}}
+            "total_all_rows_us": total_all_rows * 1e3}
 
 
 def main():
@@ -175,10 +160,6 @@ def main():
     print(f"silu*mul+quant over the {ex['silu_rows']} routed rows: {ex['parts_us']['silu*mul+quant']:.0f} us = "
           f"{ex['silu_gbs']:.0f} GB/s ({ex['silu_gbs'] / copy:.2f} of copy); over all {ex['cap']} workspace rows "
           f"{ex['silu_all_rows_us']:.0f} us; forward with the all-rows step {ex['total_all_rows_us']:.0f} us")
-    f = ex["fused"]
-    print(f"activation fused into the gate/up GEMM: applies {f['applies']}; forward {f['forward_us']:.0f} us "
-          f"(unfused {ex['total_us']:.0f}); gate/up GEMM + activation {f['gate_up_act_us'] or 0:.0f} us (unfused "
-          f"{ex['parts_us']['gemm gate_up'] + ex['parts_us']['silu*mul+quant']:.0f}); same output: {f['same']}")
 
 
 if __name__ == "__main__":

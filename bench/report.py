@@ -126,14 +126,6 @@ def moe_section(d: dict, path: str) -> str:
                 f"({ex['silu_gbs'] / d['copy_gbs']:.2f} of copy). Over all {ex['cap']} workspace rows, as before, "
                 f"it takes {ex['silu_all_rows_us']:.0f} us and the forward {ex['total_all_rows_us']:.0f} us "
                 "(same run).\n")
-    f = ex.get("fused")
-    if f and f["applies"]:
-        unfused = ex["parts_us"]["gemm gate_up"] + ex["parts_us"]["silu*mul+quant"]
-        silu += (f"\nWith the activation fused into the gate/up GEMM (sm90_ws's epilogue; shipped where it applies): "
-                 f"one forward **{f['forward_us']:.0f} us** ({f['tflops']:.0f} TFLOP/s) against {ex['total_us']:.0f} "
-                 f"us unfused (both above; same run). The fused GEMM takes {f['gate_up_act_us']:.0f} us against "
-                 f"{unfused:.0f} us for the GEMM into bf16 gate_up and silu*mul+quant; their FP8 activation and "
-                 f"scales on the routed rows: {f['same']}.\n")
     return f"""## MoE EP scatter / gather and the contiguous executor (`bench/moe.py`)
 
 Run: `{path}`. GPU {env['gpu']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}.

@@ -8,9 +8,7 @@ ContiguousExecutor (prefill, large batches): quantize activations per token grou
 scatter into the m-grouped contiguous layout -> grouped FP8 GEMM gate_up -> SiLU(gate) * up,
 requantized per token group -> grouped FP8 GEMM down -> weighted top-k gather. Workspace
 rows = routed + min(routed, E) * (A - 1), aligned up to A (A the mk-alignment), from
-shapes only. On SM90, where sm90_ws's activation epilogue applies (FP32 scales, 2I a multiple
-of 256; `fused_activation`), the gate/up GEMM writes the requantized activation itself: the
-bf16 gate_up is neither stored nor allocated, and padding rows get zeros.
+shapes only.
 
 MaskedExecutor (decode, small batches): the same steps on a per-expert padded layout
 [E, max_m, H] (max_m = max_tokens by default: with distinct top-k ids a token reaches an
@@ -232,16 +230,7 @@ class ContiguousExecutor(_Executor):
         self.a_scales = L.alloc_scales((), cap, self.h // self.group, self.layout, dev, zero=True)
         self.act_q = torch.empty(cap, self.i, dtype=torch.float8_e4m3fn, device=dev)
         self.act_s = L.alloc_scales((), cap, self.i // self.group, self.layout, dev, zero=True)
-        ex = self.experts
-        # Where the gate/up GEMM can store the activation itself (SM90's warp-specialized kernel), the
-        # bf16 gate_up is never written or read back, nor allocated (cap x 2I x 2 bytes).
-        why = (f"quant group {self.group}, not 128" if self.group != 128 else
-               G.silu_quant_refusal(self.a, self.a_scales, ex.w13, ex.w13_scales, self.act_q, self.act_s, alignment))
-        self.fused_activation = why is None
-        self.gate_up = None if self.fused_activation else torch.empty(cap, 2 * self.i, dtype=torch.bfloat16,
-                                                                      device=dev)
-        _log_once("contiguous executor: the gate/up GEMM stores the activation" if why is None else
-                  f"contiguous executor: gate/up GEMM, then silu*mul+quant (fused epilogue: {why})")
+        self.gate_up = torch.empty(cap, 2 * self.i, dtype=torch.bfloat16, device=dev)
         self.down = torch.empty(cap, self.h, dtype=torch.bfloat16, device=dev)
         self.m_indices = torch.empty(cap, dtype=torch.int32, device=dev)
 
@@ -260,13 +249,9 @@ class ContiguousExecutor(_Executor):
         m_indices = lay[2]
         del q, s  # the quantized input is dead once scattered
         ex = self.experts
-        if self.fused_activation:  # gate/up GEMM -> act FP8 and scales (padding rows: zeros)
-            G.m_grouped_fp8_gemm_nt_contiguous_silu_quant(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices,
-                                                          self.act_q, self.act_s, self.layout, alignment=self.alignment)
-        else:
-            G.m_grouped_fp8_gemm_nt_contiguous(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices,
-                                               out=self.gate_up, alignment=self.alignment)
-            self._silu_mul_quant(self.gate_up, self.act_q, self.act_s, m_indices=m_indices)  # padding rows skipped
+        G.m_grouped_fp8_gemm_nt_contiguous(self.a, self.a_scales, ex.w13, ex.w13_scales, m_indices, out=self.gate_up,
+                                           alignment=self.alignment)
+        self._silu_mul_quant(self.gate_up, self.act_q, self.act_s, m_indices=m_indices)  # padding rows skipped
         G.m_grouped_fp8_gemm_nt_contiguous(self.act_q, self.act_s, ex.w2, ex.w2_scales, m_indices, out=self.down,
                                            alignment=self.alignment)
         self._account()

@@ -16,7 +16,6 @@ from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.quant import block as B
-from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
 W = pytest.importorskip("rtp_fp8.gemm.triton.sm90_ws", reason="needs Triton with Gluon")
@@ -181,52 +180,6 @@ def test_plan_refuses_cpu_tensors():
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
     out = torch.empty(1536, 1408, dtype=torch.bfloat16)
     assert W.plan(a, sa, b, sb, out, packed_a=False, sb_div=128) == "not a CUDA tensor"
-
-
-def _act_ops(rows, n, device, layout="col_tma", e=4):
-    """A contiguous call's operands (b [e, n, 256]) with its activation workspaces q [rows, n / 2]
-    and scales in `layout`."""
-    a, sa, b, sb = _ops(rows, n, 256, device, e=e)
-    q = torch.empty(rows, n // 2, dtype=torch.float8_e4m3fn, device=device)
-    return a, sa, b, sb, q, L.alloc_scales((), rows, n // 256, layout, device)
-
-
-def test_act_plan_accepts_the_moe_case_and_names_each_refusal():
-    a, sa, b, sb, q, qs = _act_ops(3072, 1024, "cpu")  # 24 row tiles x 4 gate / up tiles: 96 of 128 SMs
-    why = G.silu_quant_refusal  # the interpreter and the CPU refuse ahead of the plan: ask the plan
-
-    def plan(*ops, **kw):
-        return W.act_plan(*ops, packed_a=False, sb_div=128, arch=A.Arch(9, 0), num_sms=kw.pop("sms", 128), **kw)
-
-    assert plan(a, sa, b, sb, q, qs) is None
-    assert plan(a, sa, b, sb, q, qs, sms=132) == "96 tiles of 128x256 for 132 SMs"
-    assert "SM90" in W.act_plan(a, sa, b, sb, q, qs, packed_a=False, sb_div=128, arch=A.Arch(10, 0), num_sms=128)
-    a3, sa3, b3, sb3, q3, qs3 = _act_ops(3072, 640, "cpu")  # I = 320: a gate block and an up block of 64 rows
-    assert "multiple of 256" in plan(a3, sa3, b3, sb3, q3, qs3)
-    ue8m0 = L.alloc_scales((), 3072, 4, "ue8m0", "cpu")
-    assert "FP32 activation scales" in plan(a, sa, b, sb, q, ue8m0)
-    assert "contiguous" in plan(a, sa, b, sb, torch.empty(1024, 3072, dtype=torch.float8_e4m3fn).t(), qs)
-    assert "aligned to 128 rows" in plan(a, sa, b, sb, q, qs, alignment=64)
-    assert why(a, sa, b, sb, q, qs) is not None  # CPU tensors (and, in this suite, the interpreter)
-
-
-def test_fused_activation_names_the_bad_argument_and_why_it_does_not_apply(monkeypatch):
-    a, sa, b, sb, q, qs = _act_ops(512, 1024, "cpu")
-    ids = torch.zeros(512, dtype=torch.int32)
-    call = G.m_grouped_fp8_gemm_nt_contiguous_silu_quant
-    with pytest.raises(ValueError, match="q must be a contiguous float8_e4m3fn tensor of shape \\(512, 512\\)"):
-        call(a, sa, b, sb, ids, q[:, :256], qs)
-    with pytest.raises(ValueError, match="scale_layout must be 'row' or 'col_tma'"):
-        call(a, sa, b, sb, ids, q, qs, "ue8m0")
-    with pytest.raises(ValueError, match="qs must have shape"):
-        call(a, sa, b, sb, ids, q, L.alloc_scales((), 512, 2, "col_tma", "cpu"))
-    with pytest.raises(ValueError, match="b must hold 2 I rows per expert"):
-        call(*_act_ops(512, 384, "cpu")[:4], ids, q[:, :192], qs)
-    with pytest.raises(ValueError, match="m_indices must be int32"):
-        call(a, sa, b, sb, ids.long(), q, qs)
-    monkeypatch.setattr(G, "USE_WS_ACT", False)
-    with pytest.raises(ValueError, match="does not apply to these operands \\(USE_WS_ACT is off\\)"):
-        call(a, sa, b, sb, ids, q, qs)
 
 
 def _spy(monkeypatch):
@@ -423,52 +376,6 @@ def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, 
     ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
     assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)
     assert cnt.tolist() == [184, 128]
-
-
-@pytest.mark.gpu_sm90
-@pytest.mark.parametrize("n,k,reps,layout,via", [(2048, 1152, 2, "col_tma", "api"), (512, 1152, 1, "col_tma", "launch"),
-                                                 (768, 640, 2, "row", "launch"), (2048, 512, 1, "row", "launch")])
-def test_fused_activation_is_bit_identical_to_the_gemm_then_silu_mul_quant(monkeypatch, n, k, reps, layout, via):
-    """sm90_ws's ACT epilogue (gate block j beside up block j in one 128x256 tile) writes the FP8
-    activation and scales that the unfused pair writes (the contiguous GEMM into bf16 gate_up, then
-    silu_mul_quant_into) on every row of a valid expert. Expert 2's B scales are 64x: |gate| reaches
-    the hundreds, where expf(-g) overflows and silu is -0 or g. Padding rows inside an expert's tile
-    get zeros of scale eps / 448; tiles of no expert (padding, the id-9 tile) and the rows after M
-    keep their poison; the counters count as the GEMM's. "launch": sm90_ws.launch directly, on grids
-    too small for act_plan's fill rule (a speed rule)."""
-    ids, a, sa, b, sb, gate_up, cnt = _grouped_case(n, k, seed=n + k, reps=reps)
-    sb[2] *= 64
-    m, i = ids.numel(), n // 2
-    qbuf = torch.full((m + 16, i), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)  # fp8 NaN
-    q = qbuf[:m]
-    qs = L.alloc_scales((), m, i // 128, layout, "cuda")
-    qs.fill_(float("nan"))
-    calls, widths = _spy(monkeypatch)
-    if via == "api":
-        G.m_grouped_fp8_gemm_nt_contiguous_silu_quant(a, sa, b, sb, ids, q, qs, layout, counters=cnt)
-    else:
-        W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, q, act=(qs, 1e-10))
-    assert calls == [G.CONTIGUOUS] and widths == [W.WIDE_BN]
-    cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
-    G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=gate_up, counters=cnt_ref)
-    q_ref = torch.full((m, i), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-    s_ref = L.alloc_scales((), m, i // 128, layout, "cuda")
-    s_ref.fill_(float("nan"))
-    T.silu_mul_quant_into(gate_up, q_ref, s_ref, 128, layout, m_indices=ids)
-    assert torch.equal(cnt, cnt_ref) and cnt.tolist() == [184 * reps, 128 * reps]
-    keep = (ids >= 0) & (ids < 4)
-    assert torch.equal(q.view(torch.uint8)[keep], q_ref.view(torch.uint8)[keep])
-    assert torch.equal(qs[keep], s_ref[keep])
-    big = (ids == 2).nonzero().flatten()
-    assert float(gate_up[big, :i].float().abs().max()) > 100  # the overflow regime was reached
-    first = ids.view(-1, 128)[:, 0]
-    written = ((first >= 0) & (first < 4)).repeat_interleave(128)
-    pad = written & ~keep  # the 56 padding rows after expert 3's 200
-    assert int(pad.sum()) == 56 * reps
-    assert bool((q.view(torch.uint8)[pad] == 0).all())
-    assert bool((qs[pad] == (torch.tensor(1e-10, dtype=torch.float32) / 448).item()).all())
-    assert bool((q.view(torch.uint8)[~written] == 0x7F).all()) and bool(qs[~written].isnan().all())
-    assert bool((qbuf.view(torch.uint8)[m:] == 0x7F).all())
 
 
 @pytest.mark.parametrize("m,n,k,grid", [(128, 4096, 7168, (64, 64, 128, 1)), (256, 4096, 7168, (128, 64, 128, 1)),

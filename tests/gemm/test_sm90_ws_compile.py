@@ -35,7 +35,7 @@ import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
-                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None, act=sys.argv[8:] == ["1"])
+                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
 """
@@ -85,32 +85,6 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
         2 * 2 * 4 if wide else consumers * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
-    res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
-                          str(tmp_path / "check.cubin")], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
-    assert "C7514" not in res.stderr and "serializ" not in res.stderr.lower(), res.stderr
-
-
-def test_act_epilogue_compiles_for_sm90a(tmp_path):
-    """The contiguous MoE activation epilogue (launch(act=...)): per K step the producer copies A, the
-    gate and the up block of B (two 128-row boxes into one slot) and A's scales; each consumer runs
-    two m64n128 wgmmas a step; the epilogue's expf (libdevice: ex2 after a range reduction) and IEEE
-    divisions are there; pointer stores only; no spills, no wgmma serialization."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "1", "0", str(sm90_ws.WIDE_BN), "0", "128", "0", "1"],
-                   check=True, cwd=ROOT, env=env)
-    ptx = (tmp_path / "kernel.ptx").read_text()
-    assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
-        "cp.async.bulk.tensor.2d.shared::cta.global") == 3
-    assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") + ptx.count(
-        "cp.async.bulk.tensor.1d.shared::cluster.global") == 1
-    assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == 0
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") == 2 * 2 * 4
-    assert ptx.count("wgmma.mma_async") == 2 * 2 * 4
-    assert "div.rn.f32" in ptx and "ex2.approx" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 12
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

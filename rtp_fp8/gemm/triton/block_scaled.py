@@ -33,7 +33,6 @@ import triton.language as tl
 
 from rtp_fp8 import arch as A
 from rtp_fp8 import triton_env
-from rtp_fp8.quant import layout as L
 from rtp_fp8.quant.layout import cdiv
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton >= 3.5; without it every call takes the Triton path
@@ -702,12 +701,6 @@ def _check_counters(counters, device):
 
 def check_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
     """Validate an m-grouped contiguous call: (out, counters, packed_a, packed_b, sb_div)."""
-    counters, packed_a, packed_b, sb_div = _check_contiguous_operands(a, sa, b, sb, m_indices, counters, alignment)
-    return _check_out(out, (a.shape[0], b.shape[1]), a.device), counters, packed_a, packed_b, sb_div
-
-
-def _check_contiguous_operands(a, sa, b, sb, m_indices, counters, alignment):
-    """check_contiguous without the output: (counters, packed_a, packed_b, sb_div)."""
     _check_fp8(a, "a", 2)
     _check_fp8(b, "b", 3)
     m, k = a.shape
@@ -722,11 +715,12 @@ def _check_contiguous_operands(a, sa, b, sb, m_indices, counters, alignment):
     packed_a = _check_scale(sa, "sa", (), m, k)
     packed_b, sb_div = check_b_scales(sb, (e,), n, k)
     _same_device(a.device, b=b, sa=sa, sb=sb, m_indices=m_indices)
+    out = _check_out(out, (m, n), a.device)
     counters = torch.zeros(2, dtype=torch.int32, device=a.device) if counters is None else _check_counters(counters,
                                                                                                            a.device)
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 16 or alignment % 16:
         raise ValueError(f"alignment must be a positive multiple of 16 (tile rows share one expert), got {alignment!r}")
-    return counters, packed_a, packed_b, sb_div
+    return out, counters, packed_a, packed_b, sb_div
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters=None, alignment=128):
@@ -751,58 +745,6 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, m_indices, out=None, counters
         _launch((tiles_m * cdiv(n, bn), 1), CONTIGUOUS, a, b, out, sa, sb, m_indices, counters, m, n, k, e, tiles_m,
                 sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm)
     return out
-
-
-USE_WS_ACT = True  # the gate/up GEMM storing the MoE activation itself (sm90_ws's ACT epilogue); benchmarks A/B it
-
-
-def silu_quant_refusal(a, sa, b, sb, q, qs, alignment=128, arch=None, num_sms=None) -> str | None:
-    """None when m_grouped_fp8_gemm_nt_contiguous_silu_quant runs with these (valid) operands, else why
-    not. The MoE executor asks once, with its workspaces; arch / num_sms: as sm90_ws.plan's (tests)."""
-    if not USE_WS_ACT:
-        return "USE_WS_ACT is off"
-    if sm90_ws is None:
-        return "this Triton has no Gluon"
-    if triton_env.interpreting():
-        return "the Triton interpreter runs the Triton kernels"
-    _, sb_div = check_b_scales(sb, (b.shape[0], ), b.shape[1], b.shape[2])
-    return sm90_ws.act_plan(a, sa, b, sb, q, qs, packed_a=sa.dtype == torch.int32, sb_div=sb_div,
-                            alignment=alignment, arch=arch, num_sms=num_sms)
-
-
-def m_grouped_fp8_gemm_nt_contiguous_silu_quant(a, sa, b, sb, m_indices, q, qs, scale_layout="col_tma", counters=None,
-                                                alignment=128, eps=1e-10):
-    """The MoE gate/up GEMM with its activation fused into the epilogue. b [E, 2 I, K] holds each
-    expert's gate rows, then its up rows; a, sa, m_indices, counters, alignment as in
-    m_grouped_fp8_gemm_nt_contiguous. q FP8 [M, I] and qs (FP32 scales in scale_layout 'row' or
-    'col_tma', groups of 128) receive bf16(silu(gate) * up) quantized per group: the bytes
-    silu_mul_quant_into writes from the gate_up that m_grouped_fp8_gemm_nt_contiguous would store,
-    which is never stored here (tests/gemm/test_sm90_ws.py). In a tile of an expert, rows of another
-    id get zeros of scale eps / 448; tiles of no expert (padding) are not written (the down GEMM
-    zeroes those rows); rows are counted as there. Only sm90_ws runs it (SM90, 256-wide tiles): a
-    ValueError says why when silu_quant_refusal refuses; the unfused pair runs everywhere."""
-    counters = _check_contiguous_operands(a, sa, b, sb, m_indices, counters, alignment)[0]
-    m, k = a.shape
-    e, n = b.shape[:2]
-    if n % 2 or (n // 2) % GRAN:
-        raise ValueError(f"b must hold 2 I rows per expert, I a multiple of {GRAN}, got {n}")
-    i = n // 2
-    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (m, i) or \
-            not q.is_contiguous():
-        got = (q.dtype, tuple(q.shape), q.stride()) if isinstance(q, torch.Tensor) else type(q).__name__
-        raise ValueError(f"q must be a contiguous float8_e4m3fn tensor of shape ({m}, {i}), got {got}")
-    if scale_layout not in ("row", "col_tma"):
-        raise ValueError(f"scale_layout must be 'row' or 'col_tma' (FP32 scales), got {scale_layout!r}")
-    L.check_scales(qs, (), m, i // GRAN, scale_layout, "qs", a.device)
-    _same_device(a.device, q=q)
-    eps = L.check_eps(eps)
-    why = silu_quant_refusal(a, sa, b, sb, q, qs, alignment)
-    if why is not None:
-        raise ValueError(f"the fused gate/up activation does not apply to these operands ({why}); run "
-                         f"m_grouped_fp8_gemm_nt_contiguous, then quant.token_group.silu_mul_quant_into")
-    if m:
-        sm90_ws.launch(CONTIGUOUS, a, sa, b, sb, m_indices, counters, e, q, act=(qs, eps))
-    return q, qs
 
 
 def check_masked(a, sa, b, sb, masked_m, out=None):

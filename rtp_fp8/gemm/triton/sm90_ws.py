@@ -37,7 +37,6 @@ import inspect
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.extra import libdevice
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -86,13 +85,11 @@ GROUP_M = 8
 WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 # TMA box and element type of each descriptor (the launch and the offline compile build from it):
 # A and B tiles, the step's A-row scales, a consumer's share of the output tile.
-def boxes(bn=None, bm=BM, a_rows=None, act=False):
-    """bm HALF_BM: a 64-row tile, stored whole by its one consumer; a_rows: A's box rows (a_box_rows);
-    act: the MoE activation epilogue's 256-wide tile, whose B slot takes two 128-row boxes."""
+def boxes(bn=None, bm=BM, a_rows=None):
+    """bm HALF_BM: a 64-row tile, stored whole by its one consumer; a_rows: A's box rows (a_box_rows)."""
     bn = bn or BN
     cw = bn if bm == HALF_BM else min(bn, 128)
-    b_rows = WIDE_BN // 2 if act else bn
-    return {"a_desc": ([a_rows or bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([b_rows, BK], "float8e4nv", "fp8e4nv"),
+    return {"a_desc": ([a_rows or bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
             "sa_desc": ([bm], "float32", "fp32"), "c_desc": ([HALF, cw], "bfloat16", "bf16")}
 
 
@@ -215,22 +212,15 @@ def _mask_rows(v, layout: gl.constexpr, grp_ptr, cnt_ptr, r0, col0, e, nk, M, MO
     invalid id (counters[1]), as the Triton kernels do. Dense and masked: v unchanged. r0: the
     consumer's first row."""
     if MODE == 1:
-        ok = _rows_of_expert(gl.SliceLayout(1, layout), grp_ptr, cnt_ptr, r0, col0, e, nk, M)
+        rows = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        rmask = rows < M
+        ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
+        ok = rmask & (ids == e) & (nk > 0)
         v = gl.where(gl.expand_dims(ok, 1), v, gl.zeros_like(v))
+        if col0 == 0:
+            gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
+            gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
     return v
-
-
-@gluon.jit
-def _rows_of_expert(layout: gl.constexpr, grp_ptr, cnt_ptr, r0, col0, e, nk, M):
-    """_mask_rows's rows to keep (64 from r0, in `layout`), counted when col0 is 0."""
-    rows = r0 + gl.arange(0, 64, layout=layout)
-    rmask = rows < M
-    ids = gl.load(grp_ptr + rows, mask=rmask, other=-1)
-    ok = rmask & (ids == e) & (nk > 0)
-    if col0 == 0:
-        gl.atomic_add(cnt_ptr, gl.sum((rmask & (ids == -1)).to(gl.int32), axis=0), sem="relaxed")
-        gl.atomic_add(cnt_ptr + 1, gl.sum((rmask & (ids != -1) & ~ok).to(gl.int32), axis=0), sem="relaxed")
-    return ok
 
 
 @gluon.jit
@@ -259,96 +249,11 @@ def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r
 
 
 @gluon.jit
-def _div_rn_fast(a, b):
-    """div.rn(a, b) without its slow-path branch, for b in [1, 2**64] and a 0 or in 2**-60 <= |a| <=
-    2**64 (_silu_mul checks): y ~ 1 / b from rcp.approx and a Newton step; q = a y corrected once
-    by its exact remainder lies within an ulp of a / b, so of q and its neighbour towards a / b the
-    one with the smaller exact remainder is the rounded quotient (never a tie: a bf16 numerator's
-    quotient is not a midpoint). Zeros keep their sign. The branch of each div.rn kept ptxas from
-    interleaving a tile's divisions: 5-7 us a tile (bench/act_epilogue.py)."""
-    y = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [b], dtype=gl.float32, is_pure=True,
-                                  pack=1)
-    nb = b * -1.0
-    y = gl.fma(y, gl.fma(nb, y, 1.0), y)
-    q = a * y
-    q = gl.fma(gl.fma(nb, q, a), y, q)
-    r = gl.fma(nb, q, a)  # exact: a - q b
-    up = (r > 0.0) == (q > 0.0)  # |a / b| > |q|: the neighbour of larger magnitude
-    n = (q.to(gl.int32, bitcast=True) + gl.where(up, 1, -1)).to(gl.float32, bitcast=True)
-    q = gl.where(gl.abs(gl.fma(nb, n, a)) < gl.abs(r), n, q)
-    return gl.where(a == 0.0, a, q)
-
-
-@gluon.jit
-def _silu_mul(gate, up):
-    """token_group._silu_mul restated for Gluon (a Gluon kernel cannot call a Triton function), from
-    the GEMM's FP32 tiles rounded to bf16 as a stored gate_up would be: bf16(silu(g) * u), silu(g)
-    = g / (1 + expf(-g)) with IEEE division and the CUDA math library's expf. The division is
-    _div_rn_fast's unless some element of the tile is outside its range (g < -44, where 1 + expf(-g)
-    may pass 2**64; |g| > 2**64; 0 < |g| < 2**-60; NaN): then div.rn for the whole tile. The
-    divisor is formed in each branch, so that it is not live beside g and up across the test."""
-    g = gate.to(gl.bfloat16).to(gl.float32)
-    ag = gl.abs(g)
-    out = (g < -44.0) | (ag > 18446744073709551616.0) | ((ag < 8.673617379884035e-19) & (g != 0.0)) | (g != g)
-    if gl.max(gl.max(out.to(gl.int32), axis=1), axis=0) != 0:
-        s = gl.div_rn(g, 1.0 + libdevice.exp(g * -1.0))
-    else:
-        s = _div_rn_fast(g, 1.0 + libdevice.exp(g * -1.0))
-    return (s * up.to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
-
-
-@gluon.jit
-def _quantize_rows(x, eps):
-    """token_group._quantize restated for one 128-column FP8 group per row, FP32 scales: the finite
-    amax (NaN ignored; tiles holding +-Inf or a scale below 2**-60 filter and divide exactly),
-    scale = max(amax, eps) / 448, x / scale as _div_fast's exactly rounded quotient -> (values, scales)."""
-    ax = gl.abs(x)
-    amax = gl.max(ax, axis=1)
-    tiny = 8.673617379884035e-19  # 2**-60
-    special = gl.max(((amax == float("inf")) | (gl.maximum(amax, eps) < 448.0 * tiny)).to(gl.int32), axis=0) != 0
-    if special:
-        amax = gl.max(gl.where(ax < float("inf"), ax, 0.0), axis=1)  # NaN and Inf compare false
-    scale = gl.div_rn(gl.maximum(amax, eps), 448.0)
-    _, s = gl.broadcast(x, gl.expand_dims(scale, 1))
-    _, inv = gl.broadcast(x, gl.expand_dims(gl.div_rn(1.0, scale), 1))
-    if special:
-        y = gl.div_rn(x, s)
-    else:
-        q0 = x * inv
-        y = gl.fma(gl.fma(q0, s, x * -1.0), inv * -1.0, q0)
-    return y, scale
-
-
-@gluon.jit
-def _store_act(gate, up, q_ptr, act, grp_ptr, cnt_ptr, r0, col0, e, nk, M, stride_qm, layout: gl.constexpr,
-               MODE: gl.constexpr):
-    """The MoE activation of the consumer's 64 rows from r0 (rows below M stored): act = bf16(silu(gate)
-    * up), quantized as FP8 group col0 / 128 into q_ptr and act's (scale pointer, row stride, group
-    stride, eps). Rows _mask_rows zeroes (not the tile's expert) become zeros of scale eps / 448; a
-    tile of no expert (padding) is not written, as silu_mul_quant_into skips padding rows (nothing
-    reads them: the down GEMM zeroes their outputs). Its rows are still counted."""
-    if nk > 0:
-        qs_ptr, stride_qsm, stride_qsg, eps = act
-        x = _mask_rows(_silu_mul(gate, up), layout, grp_ptr, cnt_ptr, r0, col0, e, nk, M, MODE)
-        y, scale = _quantize_rows(x, eps)
-        rows = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-        cols = col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-        rmask = rows < M
-        gl.store(q_ptr + gl.expand_dims(rows, 1) * stride_qm + gl.expand_dims(cols, 0),
-                 y.to(q_ptr.dtype.element_ty), mask=gl.expand_dims(rmask, 1) & gl.expand_dims(cols >= 0, 0))
-        gl.store(qs_ptr + rows * stride_qsm + (col0 // 128) * stride_qsg, scale, mask=rmask)
-    else:
-        _rows_of_expert(gl.SliceLayout(1, layout), grp_ptr, cnt_ptr, r0, col0, e, nk, M)
-
-
-@gluon.jit
-def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, act,
-                  MODE: gl.constexpr, EPI_TMA: gl.constexpr, ACT: gl.constexpr):
+def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, MODE: gl.constexpr,
+                  EPI_TMA: gl.constexpr):
     """Consumer c's share of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
     out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials. A 128-row
-    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer. ACT: the tile is
-    gate block pid_n beside up block N / 256 + pid_n (B's slot holds both), stored as act
-    (_store_act)."""
+    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
@@ -362,7 +267,7 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
                                                          instr_shape=[16, TW, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     zero = gl.zeros((64, TW), gl.float32, mma_layout)
-    col0 = pid_n * (128 if ACT else TN)  # ACT: the gate block's first column, the act group's
+    col0 = pid_n * TN
     r0 = row0 if HALF_M else row0 + c * 64
     sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
@@ -384,29 +289,23 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
     else:
         acc1 = zero
         hi_ok = col0 + 128 < N
-        hi_sb = stride_sbn * (N // 256 if ACT else 1)  # the second half's B scales: up block, or next block
         for kb in range(k_lo, k_lo + nk):
-            acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, hi_sb, stride_sbk, hi_ok, zero,
+            acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
                                       row_layout)
-        if ACT:
-            _store_act(acc, acc1, d_ptr, act, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, stride_dm, mma_layout,
-                       MODE)
-        else:
-            _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
-                        mma_layout, MODE, EPI_TMA)
-            if hi_ok:
-                _store_half(acc1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0 + 128, e, nk, row_end, N,
-                            stride_dm, mma_layout, MODE, EPI_TMA)
+        _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
+                    mma_layout, MODE, EPI_TMA)
+        if hi_ok:
+            _store_half(acc1, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0 + 128, e, nk, row_end, N,
+                        stride_dm, mma_layout, MODE, EPI_TMA)
     return g
 
 
 @gluon.jit
-def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, act, cfg):
+def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     """Consumer c: rows [c * 64, c * 64 + 64) of every 128-row tile; consumer 0 alone: all of
     every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
-    ACT: gl.constexpr = cfg.shape[2] - 1
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -422,38 +321,37 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, act, cfg):
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
             g = _consume_tile(c, e * M + pid_m * 128, e * M + mm, pid_n, e, 0, gl.cdiv(K, 128), g, descs, bufs, ptrs,
-                              dims, act, MODE, EPI_TMA, ACT)
+                              dims, MODE, EPI_TMA)
             tile += nprog
             e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
             part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
-            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, act, MODE,
-                              EPI_TMA, ACT)
+            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
 
 
 @gluon.jit
-def _consumer0(descs, bufs, ptrs, dims, act, cfg):
-    _consume(0, descs, bufs, ptrs, dims, act, cfg)
+def _consumer0(descs, bufs, ptrs, dims, cfg):
+    _consume(0, descs, bufs, ptrs, dims, cfg)
 
 
 @gluon.jit
-def _consumer1(descs, bufs, ptrs, dims, act, cfg):
-    _consume(1, descs, bufs, ptrs, dims, act, cfg)
+def _consumer1(descs, bufs, ptrs, dims, cfg):
+    _consume(1, descs, bufs, ptrs, dims, cfg)
 
 
 @gluon.jit
-def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad, ACT: gl.constexpr):
+def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
     """The TMA loads of one tile's K blocks k_lo .. k_lo + nk - 1 (A rows from row0, its scale run
-    from sa0) -> g. ACT: B's slot takes gate block pid_n, then up block N / 256 + pid_n."""
+    from sa0) -> g."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     NSTAGES: gl.constexpr = full.shape[0]
     TN: gl.constexpr = b_bufs.shape[1]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes * (ACT + 1) + sa_desc.block_type.nbytes
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
     RA: gl.constexpr = a_desc.block_type.shape[0]  # A's box: the tile's rows, or the first 16 / 32 of 64
     for kb in range(k_lo, k_lo + nk):
         s = g % NSTAGES
@@ -467,23 +365,16 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad, ACT: 
         if RA != a_bufs.shape[1]:
             a_dst = a_dst.slice(0, RA)
         tma.async_copy_global_to_shared(a_desc, [row0, kb * 128], bar, a_dst)
-        if ACT:
-            b_dst = b_bufs.index(s)
-            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * 128, kb * 128], bar, b_dst.slice(0, 128))
-            tma.async_copy_global_to_shared(b_desc, [e * N + N // 2 + pid_n * 128, kb * 128], bar,
-                                            b_dst.slice(128, 128))
-        else:
-            tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [e * N + pid_n * TN, kb * 128], bar, b_bufs.index(s))
         tma.async_copy_global_to_shared(sa_desc, [sa0 + kb * m_pad], bar, sa_bufs.index(s))
         g += 1
     return g
 
 
 @gluon.jit
-def _produce(descs, bufs, ptrs, dims, act, cfg):
+def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
-    ACT: gl.constexpr = cfg.shape[2] - 1
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -499,31 +390,25 @@ def _produce(descs, bufs, ptrs, dims, act, cfg):
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
             g = _produce_tile(e * M + pid_m * 128, e * stride_sae + pid_m * 128, pid_n, e, 0, gl.cdiv(K, 128), g,
-                              descs, bufs, N, m_pad, ACT)
+                              descs, bufs, N, m_pad)
             tile += nprog
             e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
-            g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad, ACT)
+            g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
 @gluon.jit
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
                     stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
-                    qs_ptr, stride_qsm, stride_qsg, eps,
                     STAGES: gl.constexpr, MODE: gl.constexpr,
-                    EPI_TMA: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
-    # ACT (contiguous, 256-wide tiles): N = 2 I rows of B per expert, gate then up; tile pid_n multiplies
-    # gate block pid_n and up block pid_n (B's box is 128 rows, two a slot) and stores the MoE activation
-    # bf16(silu(gate) * up) quantized per 128 columns: d_ptr FP8 [M, I], its FP32 scales at qs_ptr
-    # (row / group strides), eps as token_group's. gate_up itself is never stored.
+                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, TM, a_desc.block_type.shape[1]], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0] * (ACT + 1),
-                                                      b_desc.block_type.shape[1]], b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
     if EPI_TMA == 1:  # one output buffer per consumer
         c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
@@ -536,13 +421,12 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
         mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE, EPI_TMA and ACT travel as cfg's shape (at most 8 bytes of shared memory).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, ACT + 1],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
-             stride_ws), (qs_ptr, stride_qsm, stride_qsg, eps), cfg)
+             stride_ws), cfg)
     if HALF_M:
         gl.warp_specialize([(_consumer0, args), (_produce, args)], [1], [40])
     else:
@@ -670,21 +554,7 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
     return None
 
 
-def act_plan(a, sa, b, sb, q, qs, *, packed_a, sb_div, alignment=128, arch=None, num_sms=None):
-    """None when a contiguous call (b [E, 2 I, K]: each expert's gate rows, then its up rows) can store
-    the MoE activation itself (launch(act=...): q FP8 [M, I], qs FP32 scales), else why not."""
-    n = b.shape[-2]
-    if n % WIDE_BN:
-        return f"needs N = 2 I a multiple of {WIDE_BN} (whole 128-column gate and up blocks), got N={n}"
-    if qs.dtype != torch.float32 or qs.dim() != 2:
-        return "needs FP32 activation scales (scale_layout 'row' or 'col_tma')"
-    if not q.is_contiguous() or q.data_ptr() % 16:
-        return "needs the FP8 activation contiguous and 16-byte aligned"
-    return plan(a, sa, b, sb, q, packed_a=packed_a, sb_div=sb_div, grouped=True, alignment=alignment, arch=arch,
-                num_sms=num_sms, bn=WIDE_BN)
-
-
-def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows, act=False):
+def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, kg = sa.shape[-2:]
@@ -695,7 +565,7 @@ def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows, act=False):
     c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
     tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
     return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
-                 for name, (block, dtype, _) in boxes(bn, bm, a_rows, act).items())
+                 for name, (block, dtype, _) in boxes(bn, bm, a_rows).items())
 
 
 def _stages(bn, bm=BM):
@@ -705,21 +575,15 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None, act=None):
+           splits=1, bm=None, stages=None, a_rows=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
-    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's). act (contiguous only;
-    the caller checked act_plan()): (act_scales FP32 [M, N / 256], any strides; eps): out is the FP8
-    activation [M, N / 2] (the ACT epilogue, 256-wide tiles)."""
+    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
-    if act is not None and (mode != 1 or splits != 1 or tuple(out.shape) != (m, n // 2)):
-        raise ValueError(f"act needs a contiguous call (mode 1, got {mode}) without K splits (got {splits}) into "
-                         f"out [M, N / 2] = {(m, n // 2)}, got {tuple(out.shape)}")
-    bn = WIDE_BN if act is not None else bn
     num_sms = A.num_sms(a.device.index or 0)
     rows = _tile_rows(a, masked_rows if mode == 2 else None)
     bm, bn = grid(rows, n, k, num_sms, bn, mode == 0, bm)[:2]
@@ -732,9 +596,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     stride_ws = 0
     if splits > 1:
         stride_ws, out, epi_tma = out.stride(0), out[0], False
-    a2, out2 = a.reshape(-1, k), out.reshape(-1, out.shape[-1])  # masked: [E * M, K], [E * M, N] (plan checked)
-    if act is not None:
-        epi_tma = False
+    a2, out2 = a.reshape(-1, k), out.reshape(-1, n)  # masked: [E * M, K] and [E * M, N] (plan checked the strides)
     if epi_tma is None:  # a TMA store needs 16-byte aligned rows
         epi_tma = out2.stride(0) % 8 == 0 and out2.data_ptr() % 16 == 0
         # wide contiguous tiles keep pointer stores: with the TMA store ptxas spills in the K loop
@@ -746,33 +608,28 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows, act is not None)
-    qs, eps = act if act is not None else (sb, 0.0)  # unused without ACT
+    descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows)
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
-                               qs, qs.stride(0), qs.stride(-1), eps,
-                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma),
-                               ACT=int(act is not None), num_warps=4, maxnreg=168)
+                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
+                               maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, act=False):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
-    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows;
-    act: the contiguous MoE activation epilogue (256-wide tiles, FP8 out)."""
+    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
-           for name, (block, dtype, ty) in boxes(bn, bm, a_rows, act).items()}
-    d_type = "*fp8e4nv" if act else "*fp32" if split else "*bf16"
-    sig |= {name: d_type if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
+           for name, (block, dtype, ty) in boxes(bn, bm, a_rows).items()}
+    sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    sig |= {"qs_ptr": "*fp32", "stride_qsm": "i32", "stride_qsg": "i32", "eps": "fp32"}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "ACT": int(act), "num_warps": 4}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
