@@ -14,7 +14,6 @@ cannot call)."""
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -44,6 +43,14 @@ kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.ar
 H = sm90_ws.HALF_BM
 
 
+def _compile(tmp_path, *args):
+    """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows) -> its PTX."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
+    return (tmp_path / "kernel.ptx").read_text()
+
+
 @pytest.mark.parametrize("mode,epi_tma,bn,split,bm,a_rows", [a + (0, ) for a in [
     (0, 0, 128, 0, 128), (0, 1, 128, 0, 128), (1, 0, 128, 0, 128), (1, 1, 128, 0, 128), (2, 0, 128, 0, 128),
     (2, 1, 128, 0, 128), (0, 0, 128, 1, 128),
@@ -61,12 +68,8 @@ H = sm90_ws.HALF_BM
 def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_rows):
     """Every variant launch() can run (wide contiguous tiles keep pointer stores; 64-row tiles are
     dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(mode), str(epi_tma), str(bn), str(split),
-                    str(bm), str(a_rows)], check=True, cwd=ROOT, env=env)
+    ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, a_rows)
     wide = bn == sm90_ws.WIDE_BN
-    ptx = (tmp_path / "kernel.ptx").read_text()
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
         "cp.async.bulk.tensor.2d.shared::cta.global") == 2
@@ -96,18 +99,16 @@ def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_pat
     """bench/barrier_probe.py's PTX edit on the 64x64 tile's kernel: the barriers before the three
     K-step waits (two per loop trip and the odd-step tail), then also those before the three
     arrives, and no other; the edited PTX still assembles for sm_90a."""
-    from bench.barrier_probe import strip_syncs
+    from bench.barrier_probe import SYNC, strip_syncs
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "0", "1", "64", "0", str(H), "0"], check=True,
-                   cwd=ROOT, env=env)
-    ptx = (tmp_path / "kernel.ptx").read_text()
-    syncs = len(re.findall(r"bar\.sync\s+\d+,\s*128;", ptx))
+    def syncs(text):
+        return sum(1 for line in text.splitlines() if SYNC.match(line))
+
+    ptx = _compile(tmp_path, 0, 1, 64, 0, H, 0)
     no_wait, n_wait = strip_syncs(ptx)
     no_sync, n_all = strip_syncs(ptx, ("mbarrier.try_wait", "mbarrier.arrive.shared"))
     assert (n_wait, n_all) == (3, 6)
-    assert len(re.findall(r"bar\.sync\s+\d+,\s*128;", no_sync)) == syncs - 6
+    assert syncs(no_sync) == syncs(ptx) - 6
     assert no_wait.count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait")
     (tmp_path / "edited.ptx").write_text(no_sync)
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", str(tmp_path / "edited.ptx"), "-o",
