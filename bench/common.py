@@ -25,6 +25,25 @@ def graph_ms(fn, rep=100) -> float:
     return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
+def operand_sets(make, cold: bool = True, cache_factor: int = 4, most: int = 32) -> list:
+    """[make(), make(), ...]: fresh operand tuples enough that one pass over them moves at least
+    cache_factor x the GPU's L2 (at most `most`), so that each call of a pass finds its operands in
+    device memory, as a model's layers find their weights, not in the cache that the call before left
+    them in (timing one small operand set over and over measures the L2). cold=False: one set."""
+    first = make()
+    if not cold:
+        return [first]
+    nbytes = sum(t.numel() * t.element_size() for t in first if torch.is_tensor(t))
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    n = min(most, max(1, -(-cache_factor * l2 // max(nbytes, 1))))
+    return [first] + [make() for _ in range(n - 1)]
+
+
+def rotated_ms(fn, sets, rep=100) -> float:
+    """graph_ms per call of fn(*ops), the calls taking the operand sets in turn."""
+    return graph_ms(lambda: [fn(*ops) for ops in sets], rep) / len(sets)
+
+
 def copy_ms(nbytes: int, graph: bool = False) -> tuple[float, int]:
     """Device-to-device copy of a bf16 buffer of about nbytes: (median ms, bytes read + written).
     graph=True times CUDA-graph replays (as graph_ms), else eager calls (as median_ms)."""

@@ -24,7 +24,16 @@ import contextlib
 
 import torch
 
-from bench.common import copy_bandwidth_gbs, copy_ms, dump, environment, fp8_gemm_tflops, graph_ms, median_ms
+from bench.common import (
+    copy_bandwidth_gbs,
+    copy_ms,
+    dump,
+    environment,
+    fp8_gemm_tflops,
+    median_ms,
+    operand_sets,
+    rotated_ms,
+)
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -45,12 +54,16 @@ def _deepgemm():
     return (D.capabilities(), "") if ok else (None, why)
 
 
-def _beside(r, flops, call_dg, ours, theirs, rows=None):
-    """Time DeepGEMM's call on the same operands; compare its output with ours (on `rows` only)."""
-    ms = graph_ms(call_dg)
+def _beside(r, flops, call_dg, sets, oi, rows=None):
+    """Time DeepGEMM's call_dg(*ops) on the same operand sets, writing the same outputs (ops[oi]);
+    compare set 0's output with ours (on `rows` only)."""
+    out = sets[0][oi]
+    ours = out.clone()
+    out.fill_(float("nan"))  # what DeepGEMM does not write cannot pass for ours
+    ms = rotated_ms(call_dg, sets)
     r["dg_tflops"] = flops / (ms * 1e-3) / 1e12
     r["ours_over_dg"] = r["tflops"] / r["dg_tflops"]
-    r["same"] = _same(ours, theirs, rows)
+    r["same"] = _same(ours, out, rows)
     return r
 
 
@@ -101,18 +114,23 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
     return "triton", None
 
 
-def _measure(flops, call, out, kernel, rows=None):
-    """{ms, tflops, eager_ms, kernel} of the shipped dispatch (kernel: _kernel's (label, flags));
-    beside sm90_ws the Triton kernel's TFLOP/s (bit-identical output, checked), beside the swapped
-    kernel the one it replaced (and whether their outputs are bit-identical or how far apart;
-    masked: on `rows`, those below masked_m)."""
+def _measure(flops, call, sets, oi, kernel, rows=None):
+    """{ms, tflops, eager_ms, kernel, operand_sets} of the shipped dispatch, call(*ops) taking the
+    operand sets in turn (bench.common.operand_sets; ops[oi] is the output; kernel: _kernel's (label,
+    flags)); beside sm90_ws the Triton kernel's TFLOP/s (bit-identical output, checked), beside the
+    swapped kernel the one it replaced (and whether their outputs are bit-identical or how far apart;
+    masked: on `rows`, those below masked_m). Outputs are compared on set 0."""
     label, flags = kernel
-    ms = graph_ms(call)
-    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(call), "kernel": label}
+    out = sets[0][oi]
+    out.fill_(float("nan"))
+    ms = rotated_ms(call, sets)
+    r = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "eager_ms": median_ms(lambda: call(*sets[0])),
+         "kernel": label, "operand_sets": len(sets)}
     if flags is not None:
         shipped = out.clone()
+        out.fill_(float("nan"))
         with patched(**flags):
-            tms = graph_ms(call)
+            tms = rotated_ms(call, sets)
         r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
         r["vs_triton"] = _same(shipped, out, rows)
         if label.startswith("sm90_ws") and "|" not in label and r["vs_triton"] != "bit":
@@ -141,29 +159,30 @@ def grouped_inputs(g, m, n, k):
     return a, sa, b, sb, ids, out, torch.zeros(2, device="cuda", dtype=torch.int32)
 
 
-def dense(m, n, k, dg=None):
-    a, sa, b, sb, out = dense_inputs(m, n, k)
-    r = _measure(2 * m * n * k, lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out,
+def dense(m, n, k, dg=None, cold=True):
+    sets = operand_sets(lambda: dense_inputs(m, n, k), cold)
+    a, sa, b, sb, out = sets[0]
+    r = _measure(2 * m * n * k, lambda a, sa, b, sb, out: G.fp8_gemm_nt(a, sa, b, sb, out=out), sets, 4,
                  _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b)))
     if dg is not None:
-        out_dg = torch.empty_like(out)
-        _beside(r, 2 * m * n * k, lambda: D.fp8_gemm_nt(a, sa, b, sb, out_dg, A.detect(), dg), out, out_dg)
+        _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4)
     return r
 
 
-def grouped(g, m, n, k, dg=None):
-    a, sa, b, sb, ids, out, cnt = grouped_inputs(g, m, n, k)
+def grouped(g, m, n, k, dg=None, cold=True):
+    sets = operand_sets(lambda: grouped_inputs(g, m, n, k), cold)
+    a, sa, b, sb, ids, out, cnt = sets[0]
 
-    def call():
+    def call(a, sa, b, sb, ids, out, cnt):
         G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
 
     flops = 2 * g * m * n * k
-    r = _measure(flops, call, out, _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30))
+    r = _measure(flops, call, sets, 5,
+                 _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30))
     if dg is not None:
-        out_dg = torch.empty_like(out)
         with D.mk_alignment(128, dg):
-            _beside(r, flops, lambda: D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out_dg, A.detect(), dg),
-                    out, out_dg)
+            _beside(r, flops, lambda a, sa, b, sb, ids, out, cnt: D.m_grouped_fp8_gemm_nt_contiguous(
+                a, sa, b, sb, ids, out, A.detect(), dg), sets, 5)
     return r
 
 
@@ -182,18 +201,20 @@ def masked_inputs(g, em, n, k):
     return a.view(g, cap, k), sa, b, sb, masked, torch.empty(g, cap, n, device="cuda", dtype=torch.bfloat16)
 
 
-def masked(g, em, n, k, dg=None):
-    a, sa, b, sb, mm, out = masked_inputs(g, em, n, k)
+def masked(g, em, n, k, dg=None, cold=True):
+    sets = operand_sets(lambda: masked_inputs(g, em, n, k), cold)
+    a, sa, b, sb, mm, out = sets[0]
     flops = 2 * g * em * n * k
-    r = _measure(flops, lambda: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out), out,
-                 _kernel(G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em), g * em, n, k, rows=em),
-                 rows=(slice(None), slice(0, em)))
+    rows = (slice(None), slice(0, em))
+    r = _measure(flops, lambda a, sa, b, sb, mm, out: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em,
+                                                                                     out=out), sets, 5,
+                 _kernel(G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em), g * em, n, k, rows=em), rows=rows)
     if r["kernel"].startswith("sm90_ws"):
         r["kernel"] = r["kernel"].replace("sm90_ws", "sm90_ws masked")
     if dg is not None:
-        out_dg = torch.empty_like(out)
-        _beside(r, flops, lambda: D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, em, out_dg, A.detect(), dg),
-                out, out_dg, rows=(slice(None), slice(0, em)))
+        _beside(r, flops, lambda a, sa, b, sb, mm, out: D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, em, out,
+                                                                                        A.detect(), dg), sets, 5,
+                rows=rows)
     return r
 
 
@@ -210,12 +231,17 @@ def _line(r):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--warm", action="store_true",
+                    help="time one operand set over and over (small shapes then run from the L2), as runs before "
+                         "2026-12-04k did")
     args = ap.parse_args()
+    cold = not args.warm
     ceiling = fp8_gemm_tflops()
     copy = copy_bandwidth_gbs()
     dg, why = _deepgemm()
     env = environment()
     env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
+    env["operands"] = "rotated past the L2 (bench.common.operand_sets)" if cold else "one set (warm L2)"
     print(env)
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {copy:.0f} GB/s")
     print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>19s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
@@ -229,7 +255,7 @@ def main():
             dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "copy_gbs": copy, "results": rows})
 
     for m, n, k in DENSE:
-        r = dense(m, n, k, dg)
+        r = dense(m, n, k, dg, cold)
         if m <= 64:  # memory-bound: the weight's bytes at the copy bandwidth measured in this run
             r["mem_limit_us"] = n * k / (copy * 1e9) * 1e6
             r["over_mem_limit"] = r["ms"] * 1e3 / r["mem_limit_us"]
@@ -238,9 +264,9 @@ def main():
             r["copy_same_bytes_us"] = copy_ms(n * k // 2, graph=True)[0] * 1e3
         done("dense", (m, n, k), r)
     for g, m, n, k in GROUPED:
-        done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg))
+        done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg, cold))
     for g, em, n, k in MASKED:
-        done(f"masked G={g}", (em, n, k), masked(g, em, n, k, dg))
+        done(f"masked G={g}", (em, n, k), masked(g, em, n, k, dg, cold))
     if rows and all("dg_tflops" in r for r in rows):
         import math
 
