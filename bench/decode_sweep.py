@@ -28,6 +28,12 @@ replace the swapped kernel.
 --only colsplit: (4096, 2112, 7168) as two sm90_ws launches over column ranges of B and out: the first
 2048 columns in 128x256 tiles, the last 64 in narrow or 64-row tiles with or without K splits.
 
+--only ring: the dense decode shapes over operand sets rotated past the L2 (bench.common.operand_sets:
+each call's weights come from device memory, as a model's layers' do), the shipped dispatch beside
+DeepGEMM, the swapped kernel per ring depth and sm90_ws at its tile per ring depth (RING_DEPTHS)
+and L2 prefetch distance (PREFETCH_DISTANCES); every variant bit-identical to its kernel as shipped.
+Chose STAGES_HALF and sm90_ws.PREFETCH.
+
 --only pdl: the shipped dispatch on the dense decode shapes with the split reduction launched
 dependent on the GEMM (block_scaled.USE_PDL, shipped) and plainly, interleaved reps of each; the
 outputs must be bit-identical.
@@ -40,7 +46,7 @@ import contextlib
 
 import torch
 
-from bench.common import dump, environment, graph_ms
+from bench.common import dump, environment, graph_ms, operand_sets, rotated_ms
 from bench.gemm import _deepgemm, dense_inputs, masked_inputs, patched
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
@@ -301,10 +307,90 @@ def pdl_rows(reps=5):
     return rows
 
 
+@contextlib.contextmanager
+def _ws_ring(bm, bn, stages):
+    """sm90_ws's ring depth for bm x bn tiles set to `stages` for the block (64-row tiles: their
+    STAGES_HALF entry)."""
+    if bm != W.HALF_BM:
+        with _ring(bn, stages):
+            yield
+        return
+    old = W.STAGES_HALF[bn]
+    W.STAGES_HALF[bn] = stages
+    try:
+        yield
+    finally:
+        W.STAGES_HALF[bn] = old
+
+
+RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8), (W.HALF_BM, 128): (4, 5, 6), (W.BM, W.NARROW_BN): (6, 8),
+               (W.BM, W.BN): (4, 5)}
+PREFETCH_DISTANCES = (0, 2, 4, 8, 16)
+
+
+@contextlib.contextmanager
+def _prefetch(bm, bn, pf):
+    """sm90_ws's L2 prefetch distance for bm x bn tiles set to pf for the block."""
+    old = W.PREFETCH.get((bm, bn))
+    W.PREFETCH[(bm, bn)] = pf
+    try:
+        yield
+    finally:
+        if old is None:
+            del W.PREFETCH[(bm, bn)]
+        else:
+            W.PREFETCH[(bm, bn)] = old
+
+
+def _ring_shape(m, n, k, dg):
+    """The dense decode shape over operand sets rotated past the L2 (each call's weights come from
+    device memory): the shipped dispatch, DeepGEMM, the swapped kernel per ring depth (M <= 64) and
+    sm90_ws at tile_shape's tile per ring depth and L2 prefetch distance. Each variant's output must
+    equal its kernel's as shipped bit for bit (set 0)."""
+    sets = operand_sets(lambda: dense_inputs(m, n, k))
+    out = sets[0][4]
+
+    def call(a, sa, b, sb, out):
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+    def timed(ref=None):
+        out.fill_(float("nan"))
+        try:
+            t = rotated_ms(call, sets) * 1e3
+        except Exception as exc:  # noqa: BLE001 - a depth that does not fit shared memory is reported
+            return f"{type(exc).__name__}: {str(exc)[:60]}", None
+        return ("differs" if ref is not None and not torch.equal(out, ref) else t), out.clone()
+
+    r = {"shape": [m, n, k], "operand_sets": len(sets)}
+    r["shipped"], _ = timed()
+    if dg is not None:
+        r["deepgemm"] = rotated_ms(lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg),
+                                   sets) * 1e3
+    if m <= G.SWAP_MAX_ROWS:
+        with patched(USE_WS=False):
+            _, ref = timed()
+            for stages in (3, 4, 6, 8):
+                with patched(SWAP_STAGES=stages):
+                    r[f"swap s{stages}"], _ = timed(ref)
+    bm, bn = W.tile_shape(m, n, A.num_sms(0))
+    with patched(USE_SWAP=False):
+        _, ref = timed()
+        for stages in RING_DEPTHS.get((bm, bn), ()):
+            for pf in PREFETCH_DISTANCES:
+                with _ws_ring(bm, bn, stages), _prefetch(bm, bn, pf):
+                    r[f"ws {bm}x{bn} s{stages} pf{pf}"], _ = timed(ref)
+    return r
+
+
+def ring_rows():
+    dg, _ = _deepgemm()
+    return _printed_rows(lambda m, n, k: _ring_shape(m, n, k, dg), DENSE, digits=2)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit"))
+    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit", "ring"))
     args = ap.parse_args()
     res = {"env": environment()}
     if args.only == "ws":
@@ -317,6 +403,8 @@ def main():
         res["half"] = half_rows()
     if args.only == "colsplit":
         res["colsplit"] = colsplit_rows()
+    if args.only == "ring":
+        res["ring"] = ring_rows()
     if args.only in (None, "dense"):
         res["dense"] = dense_rows()
     if args.only in (None, "masked"):
