@@ -4,8 +4,9 @@
 
 Dense: the swapped kernel (block_scaled._fp8_gemm_swap_kernel) per (BLOCK_N, stages, splits,
 token-tile cap) against the TMA kernel the dispatch takes without it, on DeepSeek-V3's decode
-shapes. Masked: the swapped kernel, sm90_ws's masked mode and the Triton pointer kernel per
-expected_m. CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
+shapes. Masked (--only masked [--masked-em 16 64]): the swapped kernel per ring depth and width,
+sm90_ws's masked mode and the Triton pointer kernel per expected_m, over operand sets rotated past the
+L2 (bench.common.operand_sets). CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
 (SWAP_*) and the masked dispatch; docs/perf.md has the run.
 
 --only ws: sm90_ws launched directly on the dense decode shapes per (tile width, ring depth, K
@@ -30,9 +31,9 @@ replace the swapped kernel.
 
 --only ring: the dense decode shapes over operand sets rotated past the L2 (bench.common.operand_sets:
 each call's weights come from device memory, as a model's layers' do), the shipped dispatch beside
-DeepGEMM, the swapped kernel per ring depth and sm90_ws at its tile per ring depth (RING_DEPTHS)
-and L2 prefetch distance (PREFETCH_DISTANCES); every variant bit-identical to its kernel as shipped.
-Chose STAGES_HALF and sm90_ws.PREFETCH.
+DeepGEMM, the swapped kernel per ring depth and sm90_ws at its tile per ring depth (RING_DEPTHS);
+every variant bit-identical to its kernel as shipped. Chose block_scaled.SWAP_STAGES and sm90_ws's
+STAGES_HALF and STAGES (docs/perf.md; 9ac8c27 also swept an L2 prefetch, dropped).
 
 --only pdl: the shipped dispatch on the dense decode shapes with the split reduction launched
 dependent on the GEMM (block_scaled.USE_PDL, shipped) and plainly, interleaved reps of each; the
@@ -94,27 +95,37 @@ def dense_rows():
     return rows
 
 
-def masked_rows():
+def masked_rows(ems=None):
+    """The masked shapes (expected_m in `ems`, default all) over operand sets rotated past the L2: the
+    shipped dispatch, the swapped kernel per ring depth and width, sm90_ws's masked mode and the
+    Triton pointer kernel."""
     rows = []
     for g, em, n, k in MASKED:
-        ops = masked_inputs(g, em, n, k)
-        a, sa, b, sb, mm, out = ops
+        if ems and em not in ems:
+            continue
+        sets = operand_sets(lambda g=g, em=em, n=n, k=k: masked_inputs(g, em, n, k))
+        a, sa, b, sb, mm, out = sets[0]
 
-        def call(ops=ops, em=em):
-            a, sa, b, sb, mm, out = ops
+        def call(a, sa, b, sb, mm, out, em=em):
             G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out)
 
-        r = {"g": g, "shape": [em, n, k], "shipped": _time(call)}
+        def timed(call=call, sets=sets):
+            try:
+                return rotated_ms(call, sets) * 1e3
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported
+                return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+        r = {"g": g, "shape": [em, n, k], "operand_sets": len(sets), "shipped": timed()}
         with patched(SWAP_MAX_ROWS=256, USE_WS=False):
             for stages in (4, 6, 8):
                 for bn in (64, 128):
                     with patched(SWAP_STAGES=stages, SWAP_BLOCK_N=bn):
-                        r[f"swap bn{bn} s{stages}"] = _time(call)
+                        r[f"swap bn{bn} s{stages}"] = timed()
+        refusal = G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em)
         with patched(SWAP_MAX_ROWS=0):
-            r["ws"] = _time(call) if G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em) is None else \
-                G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em)
+            r["ws"] = timed() if refusal is None else refusal
         with patched(USE_SWAP=False, USE_WS=False):
-            r["pointer"] = _time(call)
+            r["pointer"] = timed()
         rows.append(r)
         print(f"G={g}", r["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in r.items()
                                      if c not in ("g", "shape")}, flush=True)
@@ -323,29 +334,13 @@ def _ws_ring(bm, bn, stages):
         W.STAGES_HALF[bn] = old
 
 
-RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8), (W.HALF_BM, 128): (4, 5, 6), (W.BM, W.NARROW_BN): (6, 8),
-               (W.BM, W.BN): (4, 5)}
-PREFETCH_DISTANCES = (0, 2, 4, 8, 16)
-
-
-@contextlib.contextmanager
-def _prefetch(bm, bn, pf):
-    """sm90_ws's L2 prefetch distance for bm x bn tiles set to pf for the block."""
-    old = W.PREFETCH.get((bm, bn))
-    W.PREFETCH[(bm, bn)] = pf
-    try:
-        yield
-    finally:
-        if old is None:
-            del W.PREFETCH[(bm, bn)]
-        else:
-            W.PREFETCH[(bm, bn)] = old
-
+RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8, 10, 12), (W.HALF_BM, 128): (4, 5, 6, 7), (W.BM, W.NARROW_BN): (6, 8, 10),
+               (W.BM, W.BN): (4, 5, 6)}
 
 def _ring_shape(m, n, k, dg):
     """The dense decode shape over operand sets rotated past the L2 (each call's weights come from
     device memory): the shipped dispatch, DeepGEMM, the swapped kernel per ring depth (M <= 64) and
-    sm90_ws at tile_shape's tile per ring depth and L2 prefetch distance. Each variant's output must
+    sm90_ws at tile_shape's tile per ring depth. Each variant's output must
     equal its kernel's as shipped bit for bit (set 0)."""
     sets = operand_sets(lambda: dense_inputs(m, n, k))
     out = sets[0][4]
@@ -376,9 +371,8 @@ def _ring_shape(m, n, k, dg):
     with patched(USE_SWAP=False):
         _, ref = timed()
         for stages in RING_DEPTHS.get((bm, bn), ()):
-            for pf in PREFETCH_DISTANCES:
-                with _ws_ring(bm, bn, stages), _prefetch(bm, bn, pf):
-                    r[f"ws {bm}x{bn} s{stages} pf{pf}"], _ = timed(ref)
+            with _ws_ring(bm, bn, stages):
+                r[f"ws {bm}x{bn} s{stages}"], _ = timed(ref)
     return r
 
 
@@ -390,6 +384,7 @@ def ring_rows():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--masked-em", type=int, nargs="+", help="masked shapes: only these expected_m")
     ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit", "ring"))
     args = ap.parse_args()
     res = {"env": environment()}
@@ -408,7 +403,7 @@ def main():
     if args.only in (None, "dense"):
         res["dense"] = dense_rows()
     if args.only in (None, "masked"):
-        res["masked"] = masked_rows()
+        res["masked"] = masked_rows(args.masked_em)
     if args.out:
         dump(args.out, res)
 

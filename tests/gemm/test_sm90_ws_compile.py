@@ -23,6 +23,7 @@ pytest.importorskip("triton.experimental.gluon", reason="needs Triton with Gluon
 
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
+from rtp_fp8 import arch as A  # noqa: E402
 from rtp_fp8.gemm.triton import sm90_ws  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sm90_ws.LIST_WARP_SPECIALIZE,
@@ -36,7 +37,7 @@ out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
                                bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
-(out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps}))
+(out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
 
 
@@ -78,8 +79,11 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
     consumers = 1 if bm == H else 2  # a 64-row tile's one consumer runs it whole
     # the TMA epilogue: one 64-row store per consumer and 128-column half
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else consumers) if epi_tma else 0)
+    meta = json.loads((tmp_path / "meta.json").read_text())
     # 4 + 4 + 1 by warpgroups; a 64-row tile's 4 + 1
-    assert json.loads((tmp_path / "meta.json").read_text())["num_warps"] == 4 * consumers + 4
+    assert meta["num_warps"] == 4 * consumers + 4
+    # the ring (sm90_ws's STAGES*), the epilogue buffers and the barriers fit an SM90 block
+    assert 0 < meta["shared"] <= A.Arch(9, 0).smem_per_block
     # 2 consumers x 3 wgmma sites (two per loop trip, the odd-step tail) x 4 (K = 128 in k32 steps);
     # wide: 2 consumers x 2 sites (one per 128-column half) x 4; narrow: m64n64 wgmmas; a 64-row
     # tile's one consumer: m64 x the tile's width

@@ -65,22 +65,21 @@ BM, BK, HALF = 128, 128, 64
 BN = 128
 WIDE_BN = 256
 NARROW_BN = 64
-STAGES = 4  # measured on the H200 against 5 (docs/perf.md): 4 leaves room for the TMA epilogue
+STAGES = 5  # bench/decode_sweep.py --only ring, weights in device memory: 5 beat 4 (docs/perf.md, 2026-12-04k)
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
 # (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
 # taking half the columns (the first design) read A's slot from shared memory twice a step: (128,
-# 4096, 7168) took 14.3 us, one consumer 13.7 (docs/perf.md). STAGES_HALF: ring slots by width,
-# from bench/decode_sweep.py --only half on the H200 (docs/perf.md): deeper rings ran slower (64
-# wide at (64, 7168, 2048): 5.9 us in 4 slots, 6.2 in 6, 6.4 in 9); 64x32 tiles lost on every
-# decode shape.
+# 4096, 7168) took 14.3 us, one consumer 13.7 (docs/perf.md). STAGES_HALF: ring slots by width.
+# Timed over one operand set (its weights in the L2), deeper rings ran slower (bench/decode_sweep.py
+# --only half: 64 wide at (64, 7168, 2048) 5.9 us in 4 slots, 6.2 in 6); with the weights in device
+# memory, as a model's layers find them (--only ring), 6 slots beat 4 (7.9 against 8.7 us there, 15.7
+# against 18.2 at (128, 4096, 7168)), 8 to 12 ran slower again. 64x32 tiles lost on every decode shape.
 HALF_BM, HALF_MAX_ROWS = 64, 256
 HALF_WIDTHS = (128, 64)
-STAGES_HALF = {128: 4, 64: 4}
-# (tile rows, tile width) -> the producer's L2 prefetch distance in K blocks (_produce_tile); absent: 0, none
-PREFETCH = {}
+STAGES_HALF = {128: 4, 64: 6}
 GROUP_M = 8
 # Tiles of this many 128-column blocks or more walk GROUP_M_WIDE row tiles per group: measured on the H200
 # (4096 x 24576 x 1536: 940 -> 975 TFLOP/s, 4096 x 32768 x 512: 775 -> 801; N <= 7168 within 1 % of 8).
@@ -261,7 +260,7 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
     HALF_M: gl.constexpr = a_bufs.shape[1] == 64  # and the tile height in A's
     TW: gl.constexpr = TN if HALF_M else (128 if TN > 128 else TN)  # one wgmma's width (a wide tile runs two)
-    d_ptr, sb_ptr, grp_ptr, cnt_ptr, b_ptr = ptrs
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
     ring = (a_bufs, b_bufs, sa_bufs, full, empty)
@@ -310,7 +309,7 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
-    d_ptr, sb_ptr, grp_ptr, cnt_ptr, b_ptr = ptrs
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
     pid = gl.program_id(0)
@@ -329,7 +328,7 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
-            part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr, b_ptr)  # split s: partials [s]
+            part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
             g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
@@ -346,21 +345,9 @@ def _consumer1(descs, bufs, ptrs, dims, cfg):
 
 
 @gluon.jit
-def _prefetch_b(b_ptr, row0, row_end, kb, k_end, K, TN: gl.constexpr):
-    """Ask the L2 for B's rows row0 .. row0 + TN - 1 (clamped below row_end) in K block kb (clamped
-    below k_end): one `prefetch.global.L2` per row from the producer warp's lanes."""
-    layout: gl.constexpr = gl.BlockedLayout([TN // 32], [32], [1], [0])
-    rows = gl.minimum(row0 + gl.arange(0, TN, layout=layout), row_end - 1)
-    ptrs = b_ptr + rows.to(gl.int64) * K + gl.minimum(kb, k_end - 1) * 128
-    gl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, b_ptr, N, K, m_pad, PF: gl.constexpr):
+def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
     """The TMA loads of one tile's K blocks k_lo .. k_lo + nk - 1 (A rows from row0, its scale run
-    from sa0) -> g. PF > 0: the step loading block kb first asks the L2 for B's block kb + PF (its
-    last block past the tile's end), so that its TMA load, which waits for a free slot, finds the
-    bytes on their way from device memory: a deeper queue of reads than the ring's slots."""
+    from sa0) -> g."""
     a_desc, b_desc, sa_desc, c_desc = descs
     a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
     NSTAGES: gl.constexpr = full.shape[0]
@@ -369,8 +356,6 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, b_ptr, N, K, m_
     RA: gl.constexpr = a_desc.block_type.shape[0]  # A's box: the tile's rows, or the first 16 / 32 of 64
     for kb in range(k_lo, k_lo + nk):
         s = g % NSTAGES
-        if PF > 0:
-            _prefetch_b(b_ptr, e * N + pid_n * TN, e * N + N, kb + PF, k_lo + nk, K, TN)
         mbarrier.wait(empty.index(s), ((g // NSTAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
         # The consumers read the slot's scales with ordinary shared loads: order those
         # before the TMA overwrites them (one fence here instead of one per consumer step).
@@ -391,10 +376,9 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, b_ptr, N, K, m_
 def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
-    PF: gl.constexpr = cfg.shape[2] // 2
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
-    d_ptr, sb_ptr, grp_ptr, cnt_ptr, b_ptr = ptrs
+    d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
     pid = gl.program_id(0)
@@ -407,20 +391,20 @@ def _produce(descs, bufs, ptrs, dims, cfg):
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
             g = _produce_tile(e * M + pid_m * 128, e * stride_sae + pid_m * 128, pid_n, e, 0, gl.cdiv(K, 128), g,
-                              descs, bufs, b_ptr, N, K, m_pad, PF)
+                              descs, bufs, N, m_pad)
             tile += nprog
             e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
-            g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, b_ptr, N, K, m_pad, PF)
+            g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
 @gluon.jit
-def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, b_ptr, M, N, K, E, TILES_M,
-                    GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
-                    STAGES: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr, PREFETCH: gl.constexpr,
-                    num_warps: gl.constexpr):
+def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
+                    stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
+                    STAGES: gl.constexpr, MODE: gl.constexpr,
+                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
@@ -438,12 +422,10 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
         mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE, EPI_TMA and PREFETCH travel as cfg's shape (a few bytes of shared
-    # memory; a dimension of rank 3 must be a power of two: PREFETCH, one too, travels as 2 * PREFETCH or 1).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, 2 * PREFETCH if PREFETCH > 0 else 1],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
-            (d_ptr, sb_ptr, grp_ptr, cnt_ptr, b_ptr),
+            (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
              stride_ws), cfg)
     if HALF_M:
@@ -594,14 +576,13 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None, prefetch=None):
+           splits=1, bm=None, stages=None, a_rows=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
-    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); prefetch: the producer's L2
-    prefetch distance in K blocks (default PREFETCH's for the tile, 0: none)."""
+    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -628,19 +609,15 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    b2 = b.reshape(-1, k)
-    descs = _descriptors(a2, b2, sa, out2, epi_tma, bn, bm, a_rows)
-    pf = PREFETCH.get((bm, bn), 0) if prefetch is None else prefetch
-    if pf < 0 or pf & (pf - 1):
-        raise ValueError(f"prefetch must be 0 or a power of two, got {pf}")
-    _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, b2, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
+    descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows)
+    _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
-                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), PREFETCH=pf,
-                               num_warps=4, maxnreg=168)
+                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
+                               maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, prefetch=None):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
     import triton
@@ -651,11 +628,9 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, p
            for name, (block, dtype, ty) in boxes(bn, bm, a_rows).items()}
     sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
-    sig["b_ptr"] = "*fp8e4nv"
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma,
-             "PREFETCH": PREFETCH.get((bm, bn or BN), 0) if prefetch is None else prefetch, "num_warps": 4}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
