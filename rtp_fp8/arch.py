@@ -58,6 +58,19 @@ class Arch:
         return self.scale_format == "ue8m0"
 
     @property
+    def smem_per_block(self) -> int:
+        """Bytes of shared memory one block may opt in to (CUDA's table per compute capability):
+        227 KiB on SM90 and SM100, 163 KiB on SM80 / SM87, 99 KiB on SM86 / SM89 and SM120
+        (consumer Blackwell); 0 on CPU. Kernels size their pipelines from it."""
+        if not self.is_cuda:
+            return 0
+        if self.major == 12 or self.sm in (86, 89):
+            return 99 * 1024
+        if self.sm in (80, 87):
+            return 163 * 1024
+        return 227 * 1024 if self.major >= 9 else 48 * 1024
+
+    @property
     def gemm_backends(self) -> tuple[str, ...]:
         """GEMM backends allowed on this arch, in order of preference.
 

@@ -31,6 +31,18 @@ def test_arch_properties(arch, fmt, family, backends):
     assert arch.direct_ue8m0_weights == (fmt == "ue8m0")
 
 
+def test_smem_per_block():
+    """CUDA's opt-in shared memory per block by compute capability (kernels size rings from it)."""
+    kib = {A.Arch(9, 0): 227, A.Arch(10, 0): 227, A.Arch(12, 0): 99, A.Arch(8, 0): 163, A.Arch(8, 9): 99,
+           A.CPU: 0}
+    assert {arch: arch.smem_per_block // 1024 for arch in kib} == kib
+    if torch.cuda.is_available():  # the table agrees with the device's opt-in limit, as Triton reads it
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
+        assert A.detect().smem_per_block == props["max_shared_mem"]
+
+
 def test_arch_validation_and_detect_on_cpu():
     with pytest.raises(ValueError, match="major/minor"):
         A.Arch(-1, 0)

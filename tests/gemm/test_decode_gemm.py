@@ -71,13 +71,33 @@ def _spy(monkeypatch, name):
 
 
 def test_swap_config():
-    st = G.SWAP_STAGES
+    # one wave (at most a program per SM): SWAP_STAGES slots; more programs, masked grids included:
+    # SWAP_STAGES_WAVES, so that two fit an SM
+    st, sw = G.SWAP_STAGES, G.SWAP_STAGES_WAVES
     assert G.swap_config(1, 4096, 7168, 1, 132) == (128, 16, st, 4)  # 32 programs -> 4 K splits
     assert G.swap_config(64, 7168, 2048, 64, 132) == (64, 64, st, 1)  # 56 programs -> 112 of 64 rows
     assert G.swap_config(33, 4096, 512, 33, 132) == (128, 64, st, 1)  # 32 programs, 4 K blocks: no split
-    assert G.swap_config(16, 32768, 7168, 16, 132) == (128, 16, st, 1)  # 256 programs fill the GPU
-    assert G.swap_config(16, 4096, 7168, None, 132) == (128, 16, st, 1)  # masked: one expert per grid row
+    assert G.swap_config(16, 32768, 7168, 16, 132) == (128, 16, sw, 1)  # 256 programs fill the GPU
+    assert G.swap_config(16, 4096, 7168, None, 132) == (128, 16, sw, 1)  # masked: one expert per grid row
     assert G.swap_config(16, 4096, 7168, 16, None) == (128, 16, st, 1)  # no GPU (the interpreter)
+    assert (st, sw) == (6, 4)
+
+
+@pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(10, 0), A.Arch(12, 0)], ids=str)
+def test_swap_stages_from_the_block_shared_memory(arch):
+    """SWAP_STAGES slots of (BLOCK_N + BLOCK_T) x 128 bytes where the block's shared memory holds
+    them (SM90, SM100: 227 KiB), fewer on SM120 (99 KiB); test_swap_compile.py compiles both."""
+    smem = arch.smem_per_block
+    for rows, n, k, m, bn, bt, want in [(64, 4096, 7168, 64, 128, 64, G.SWAP_STAGES),
+                                        (1, 4096, 7168, 1, 128, 16, G.SWAP_STAGES),
+                                        (64, 7168, 2048, 64, 64, 64, G.SWAP_STAGES),
+                                        (64, 7168, 2048, None, 128, 64, G.SWAP_STAGES_WAVES)]:
+        stages = G.swap_config(rows, n, k, m, 132, smem)[2]
+        fit = smem // ((bn + bt) * 128 + G.SWAP_SLOT_EXTRA)
+        assert stages == min(want, fit) and 2 <= stages
+    assert G.swap_config(64, 4096, 7168, 64, 132, A.Arch(12, 0).smem_per_block)[2] == 4
+    assert G.swap_config(64, 4096, 7168, 64, 132, A.Arch(9, 0).smem_per_block)[2] == G.SWAP_STAGES == 6
+    assert G.swap_config(64, 4096, 7168, 64, 132, 1024)[2] == 2  # never fewer than two slots
 
 
 @pytest.mark.parametrize("device", DEVICES)

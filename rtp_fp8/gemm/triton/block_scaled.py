@@ -576,18 +576,28 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
 USE_SWAP = True  # tests patch it to False to compare with the TMA / pointer kernels
 SWAP_MAX_ROWS = 64  # dense M, or masked expected_m, up to which the swapped (decode) kernel runs
 SWAP_BLOCK_N = 128  # weight rows per program (the MMA's M side)
-SWAP_STAGES = 4  # bench/decode_sweep.py on the H200: 4 beat 6 and 8 on every decode shape
+# Ring slots (bench/decode_sweep.py on the H200, weights in device memory: operand sets rotated past the
+# L2, docs/perf.md): a grid of at most one program per SM takes SWAP_STAGES (--only ring: 6 beat 3, 4
+# and 8 on every dense decode shape but one); larger grids, masked ones included, SWAP_STAGES_WAVES
+# (--only masked: at expected_m 64, 4 slots beat 6 by 10-20 %: two programs fit an SM). Fewer where a
+# block's shared memory cannot hold them (swap_config: SM120's 99 KiB).
+SWAP_STAGES, SWAP_STAGES_WAVES = 6, 4
 SWAP_MIN_BLOCKS = 8  # K blocks each split keeps at least (swapped kernel)
+SWAP_SLOT_EXTRA = 256  # bytes a ring slot takes beyond its two tiles (barriers, scales), rounded up
 SWAP_SPLIT_MAX = 8
 
 
-def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None) -> tuple[int, int, int, int]:
+def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None,
+                smem: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_T, STAGES, SPLIT_K) of the swapped kernel for `rows` rows (dense M or masked
     expected_m): BLOCK_T the power of two >= rows (16 to 64). A dense call (m its M; None: masked)
     whose grid of SWAP_BLOCK_N-row tiles leaves SMs idle first halves BLOCK_N (when that fills
     half the SMs), else splits K, each split keeping SWAP_MIN_BLOCKS K blocks (sms None: no GPU,
     neither unless forced). bench/decode_sweep.py on the H200: N=7168 K=2048 is fastest in 64-row
-    tiles unsplit, N=4096 K=7168 in 128-row tiles split 4."""
+    tiles unsplit, N=4096 K=7168 in 128-row tiles split 4. STAGES: SWAP_STAGES for a dense grid of
+    at most one program per SM (or no GPU), else SWAP_STAGES_WAVES; fewer (at least 2) where smem (the
+    block's shared memory in bytes, Arch.smem_per_block; None: no limit) cannot hold that many
+    (BLOCK_N + BLOCK_T) x 128-byte slots."""
     bt = min(64, max(16, triton.next_power_of_2(max(rows, 1))))
     bn, splits = SWAP_BLOCK_N, 1
     if m is not None and FORCE_SPLIT_K is not None:
@@ -600,7 +610,10 @@ def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None) -> tu
             bn = 64
         else:
             splits = max(1, min(SWAP_SPLIT_MAX, sms // progs, cdiv(k, GRAN) // SWAP_MIN_BLOCKS))
-    return bn, bt, SWAP_STAGES, splits
+    one_wave = m is not None and (sms is None or cdiv(n, bn) * cdiv(m, bt) * splits <= sms)
+    stages = SWAP_STAGES if one_wave else SWAP_STAGES_WAVES
+    stages = stages if smem is None else max(2, min(stages, smem // ((bn + bt) * GRAN + SWAP_SLOT_EXTRA)))
+    return bn, bt, stages, splits
 
 
 def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div) -> bool:
@@ -617,8 +630,9 @@ def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div)
         return False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    sms = None if triton_env.interpreting() else A.num_sms(a.device.index or 0)
-    bn, bt, stages, splits = swap_config(rows, n, k, None if mode == MASKED else m, sms)
+    sms, smem = (None, None) if triton_env.interpreting() else (A.num_sms(a.device.index or 0),
+                                                                 A.detect(a.device).smem_per_block)
+    bn, bt, stages, splits = swap_config(rows, n, k, None if mode == MASKED else m, sms, smem)
     grid = (cdiv(n, bn) * splits, 1, a.shape[0]) if mode == MASKED else (cdiv(n, bn) * splits, cdiv(m, bt), 1)
     target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=out.device)
     (sa_e, sa_m, sa_k), (sb_e, sb_n, sb_k), (d_e, d_m, d_n) = _strides3(sa), _strides3(sb), _strides3(out)
