@@ -71,7 +71,13 @@ def gemm_section(d: dict, path: str) -> str:
                    "M = expected_m = masked_m rows per expert, capacity "
                    f"{'max(2 * expected_m, 128)' if 'copy_gbs' in d else '2 * expected_m'}.\n")
     mem = [r for r in d["results"] if "mem_limit_us" in r]
-    mem_text = ""
+    rotated = "rotated" in env.get("operands", "")
+    rotated_copy = ", which the GEMMs, reading their weights from device memory, cannot" if rotated else ""
+    operands = ("\nEach shape is timed over as many fresh operand sets as move at least 4x the L2 per pass "
+                "(`operand_sets` in the JSON rows; bench.common.operand_sets), the calls taking them in turn: "
+                "each call finds its weights in device memory, as a model's layers do. Runs before 2026-12-04k "
+                "timed one set over and over, so a small shape's weights stayed in the 50 MB L2.\n"
+                if rotated else "")
     if mem:
         mem_rows = "\n".join(f"| {tuple(r['shape'])} | {_cell(r['kernel'])} | {r['ms'] * 1e3:.1f} | "
                              f"{r['mem_limit_us']:.1f} | {r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |"
@@ -79,8 +85,8 @@ def gemm_section(d: dict, path: str) -> str:
         mem_text = f"""
 Memory-bound rows (dense M <= 64): the limit is the weight's bytes (N x K) at the copy bandwidth
 measured in the same run ({d['copy_gbs']:.0f} GB/s, read + write); "copy, same bytes" is a device copy
-moving N x K bytes in all, graph-timed like the GEMM (its fixed launch cost included; at these sizes
-the buffers fit in the 50 MB L2, so it can beat the bandwidth limit).
+moving N x K bytes in all, graph-timed over one buffer (its fixed launch cost included; at these sizes
+the buffer fits in the 50 MB L2, so it can beat the bandwidth limit{rotated_copy}).
 
 | M, N, K | kernel | us | limit (us) | ours / limit | copy, same bytes (us) |
 |---|---|---:|---:|---:|---:|
@@ -99,7 +105,7 @@ is what the shipped dispatch ran: `sm90_ws BMxBN[/S]` (warp-specialized Gluon, S
 splits) or `triton`; beside them the kernel the dispatch would take without them in the same run
 (USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split), with `bit` where the
 outputs are bit-identical, else their relative L2 distance.
-{dg_text}
+{operands}{dg_text}
 {head}
 {rule}
 {rows}
