@@ -28,7 +28,8 @@ def test_operand_sets_move_four_l2s_per_pass(monkeypatch):
     made = []
     sets = C.operand_sets(_maker(15 << 20, made))
     assert len(sets) == 14 == -(-4 * L2 // (15 << 20))  # 14 x 15 MiB >= 200 MiB > 13 x 15 MiB
-    assert [id(s[0]) for s in sets] == [id(t) for t in made] and len({t.data_ptr() for t in made}) == 14  # fresh, in order
+    # fresh sets, in order
+    assert [id(s[0]) for s in sets] == [id(t) for t in made] and len({t.data_ptr() for t in made}) == 14
     assert len(C.operand_sets(_maker(300 << 20, []))) == 1  # larger than 4 L2s: one set
     assert len(C.operand_sets(_maker(4 * L2, []))) == 1
     assert len(C.operand_sets(_maker(4 * L2 - 1, []))) == 2

@@ -86,18 +86,28 @@ def test_swap_config():
 @pytest.mark.parametrize("arch", [A.Arch(9, 0), A.Arch(10, 0), A.Arch(12, 0)], ids=str)
 def test_swap_stages_from_the_block_shared_memory(arch):
     """SWAP_STAGES slots of (BLOCK_N + BLOCK_T) x 128 bytes where the block's shared memory holds
-    them (SM90, SM100: 227 KiB), fewer on SM120 (99 KiB); test_swap_compile.py compiles both."""
+    them beside RING_RESERVE (SM90, SM100: 227 KiB), fewer on SM120 (99 KiB);
+    test_shared_memory_fit.py compiles both."""
     smem = arch.smem_per_block
     for rows, n, k, m, bn, bt, want in [(64, 4096, 7168, 64, 128, 64, G.SWAP_STAGES),
                                         (1, 4096, 7168, 1, 128, 16, G.SWAP_STAGES),
                                         (64, 7168, 2048, 64, 64, 64, G.SWAP_STAGES),
                                         (64, 7168, 2048, None, 128, 64, G.SWAP_STAGES_WAVES)]:
         stages = G.swap_config(rows, n, k, m, 132, smem)[2]
-        fit = smem // ((bn + bt) * 128 + G.SWAP_SLOT_EXTRA)
+        fit = (smem - G.RING_RESERVE) // ((bn + bt) * 128)
         assert stages == min(want, fit) and 2 <= stages
-    assert G.swap_config(64, 4096, 7168, 64, 132, A.Arch(12, 0).smem_per_block)[2] == 4
+    assert G.swap_config(64, 4096, 7168, 64, 132, A.Arch(12, 0).smem_per_block)[2] == 3
     assert G.swap_config(64, 4096, 7168, 64, 132, A.Arch(9, 0).smem_per_block)[2] == G.SWAP_STAGES == 6
     assert G.swap_config(64, 4096, 7168, 64, 132, 1024)[2] == 2  # never fewer than two slots
+
+
+def test_ring_stages():
+    """The depth a Triton kernel's ring gets: as asked where the block holds it beside RING_RESERVE,
+    else as many slots as fit, never fewer than two; no limit off the GPU."""
+    sm90, sm120 = A.Arch(9, 0).smem_per_block, A.Arch(12, 0).smem_per_block
+    assert G.ring_stages(6, 24576, sm90) == 6 and G.ring_stages(6, 24576, None) == 6
+    assert G.ring_stages(6, 24576, sm120) == (sm120 - G.RING_RESERVE) // 24576 == 3
+    assert G.ring_stages(4, 32768, sm120) == 2 and G.ring_stages(4, 65536, sm120) == 2
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -540,6 +540,18 @@ def split_k(mode, tiles: int, nk: int, sms: int | None) -> int:
 FORCE_SPLIT_K = None  # tests set it to run the split path on any shape (and under the interpreter)
 
 
+RING_RESERVE = 4096  # bytes of a block's shared memory kept beside a software-pipelined ring (barriers, scratch)
+
+
+def ring_stages(stages: int, slot_bytes: int, smem: int | None) -> int:
+    """A Triton kernel's pipeline depth: `stages`, or fewer (at least 2) where a block's shared
+    memory (smem bytes, Arch.smem_per_block; None: no limit, the interpreter) cannot hold that many
+    slot_bytes slots beside RING_RESERVE. configs.json's depths were tuned on the H200 (227 KiB);
+    SM120 blocks get 99 KiB, where they would not launch (tests/gemm/test_shared_memory_fit.py
+    compiles both kernels for sm_90, sm_100 and sm_120)."""
+    return stages if smem is None else max(2, min(stages, (smem - RING_RESERVE) // slot_bytes))
+
+
 def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
                 stages, group_m) -> bool:
     """Dense / contiguous through the persistent TMA kernel; False when it does not apply.
@@ -556,8 +568,10 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
-    sms = None if triton_env.interpreting() else A.num_sms(a.device.index or 0)
+    sms, smem = (None, None) if triton_env.interpreting() else (A.num_sms(a.device.index or 0),
+                                                                 A.detect(a.device).smem_per_block)
     splits = split_k(mode, tiles, cdiv(k, bk), sms)
+    stages = ring_stages(stages, (bm + bn) * bk, smem)
     target = d if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=d.device)
     progs = tiles * splits if sms is None else min(tiles * splits, sms)
     sb_e, sb_n, sb_k = _strides3(sb)
@@ -583,7 +597,6 @@ SWAP_BLOCK_N = 128  # weight rows per program (the MMA's M side)
 # block's shared memory cannot hold them (swap_config: SM120's 99 KiB).
 SWAP_STAGES, SWAP_STAGES_WAVES = 6, 4
 SWAP_MIN_BLOCKS = 8  # K blocks each split keeps at least (swapped kernel)
-SWAP_SLOT_EXTRA = 256  # bytes a ring slot takes beyond its two tiles (barriers, scales), rounded up
 SWAP_SPLIT_MAX = 8
 
 
@@ -595,9 +608,9 @@ def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None,
     half the SMs), else splits K, each split keeping SWAP_MIN_BLOCKS K blocks (sms None: no GPU,
     neither unless forced). bench/decode_sweep.py on the H200: N=7168 K=2048 is fastest in 64-row
     tiles unsplit, N=4096 K=7168 in 128-row tiles split 4. STAGES: SWAP_STAGES for a dense grid of
-    at most one program per SM (or no GPU), else SWAP_STAGES_WAVES; fewer (at least 2) where smem (the
-    block's shared memory in bytes, Arch.smem_per_block; None: no limit) cannot hold that many
-    (BLOCK_N + BLOCK_T) x 128-byte slots."""
+    at most one program per SM (or no GPU), else SWAP_STAGES_WAVES; ring_stages takes fewer where smem
+    (the block's shared memory in bytes; None: no limit) cannot hold that many (BLOCK_N + BLOCK_T) x
+    128-byte slots."""
     bt = min(64, max(16, triton.next_power_of_2(max(rows, 1))))
     bn, splits = SWAP_BLOCK_N, 1
     if m is not None and FORCE_SPLIT_K is not None:
@@ -612,8 +625,7 @@ def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None,
             splits = max(1, min(SWAP_SPLIT_MAX, sms // progs, cdiv(k, GRAN) // SWAP_MIN_BLOCKS))
     one_wave = m is not None and (sms is None or cdiv(n, bn) * cdiv(m, bt) * splits <= sms)
     stages = SWAP_STAGES if one_wave else SWAP_STAGES_WAVES
-    stages = stages if smem is None else max(2, min(stages, smem // ((bn + bt) * GRAN + SWAP_SLOT_EXTRA)))
-    return bn, bt, stages, splits
+    return bn, bt, ring_stages(stages, (bn + bt) * GRAN, smem), splits
 
 
 def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div) -> bool:
