@@ -543,6 +543,14 @@ FORCE_SPLIT_K = None  # tests set it to run the split path on any shape (and und
 RING_RESERVE = 4096  # bytes of a block's shared memory kept beside a software-pipelined ring (barriers, scratch)
 
 
+def _gpu_limits(device: torch.device) -> tuple[int | None, int | None]:
+    """(SMs, a block's shared memory in bytes) of device, what launch shapes are sized from; (None,
+    None) under the interpreter (no GPU: no limits)."""
+    if triton_env.interpreting():
+        return None, None
+    return A.num_sms(device.index or 0), A.detect(device).smem_per_block
+
+
 def ring_stages(stages: int, slot_bytes: int, smem: int | None) -> int:
     """A Triton kernel's pipeline depth: `stages`, or fewer (at least 2) where a block's shared
     memory (smem bytes, Arch.smem_per_block; None: no limit, the interpreter) cannot hold that many
@@ -568,8 +576,7 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
     tiles = tiles_m * cdiv(n, bn)
-    sms, smem = (None, None) if triton_env.interpreting() else (A.num_sms(a.device.index or 0),
-                                                                 A.detect(a.device).smem_per_block)
+    sms, smem = _gpu_limits(a.device)
     splits = split_k(mode, tiles, cdiv(k, bk), sms)
     stages = ring_stages(stages, (bm + bn) * bk, smem)
     target = d if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=d.device)
@@ -642,8 +649,7 @@ def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div)
         return False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    sms, smem = (None, None) if triton_env.interpreting() else (A.num_sms(a.device.index or 0),
-                                                                 A.detect(a.device).smem_per_block)
+    sms, smem = _gpu_limits(a.device)
     bn, bt, stages, splits = swap_config(rows, n, k, None if mode == MASKED else m, sms, smem)
     grid = (cdiv(n, bn) * splits, 1, a.shape[0]) if mode == MASKED else (cdiv(n, bn) * splits, cdiv(m, bt), 1)
     target = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=out.device)
