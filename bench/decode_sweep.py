@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from unittest import mock
 
 import torch
 
@@ -59,9 +60,11 @@ DENSE = [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in ((4096, 7168), (71
 MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))]
 
 
-def _time(call):
+def _time(call, sets=None):
+    """call's graph-timed us (sets: call(*ops) over those operand sets in turn, bench.common.rotated_ms),
+    or why it cannot run."""
     try:
-        return graph_ms(call) * 1e3
+        return (graph_ms(call) if sets is None else rotated_ms(call, sets)) * 1e3
     except Exception as exc:  # noqa: BLE001 - a candidate that cannot run (shared memory) is reported, not fatal
         return f"{type(exc).__name__}: {str(exc)[:80]}"
 
@@ -84,7 +87,8 @@ def dense_rows():
                 for splits in (1, 2, 4, 8):
                     if splits > 1 and k // 128 < 2 * splits:
                         continue
-                    with patched(SWAP_MAX_ROWS=256, SWAP_BLOCK_N=bn, SWAP_STAGES=stages, FORCE_SPLIT_K=splits):
+                    with patched(SWAP_MAX_ROWS=256, SWAP_BLOCK_N=bn, SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages,
+                                 FORCE_SPLIT_K=splits):
                         cands[f"bn{bn} s{stages} k{splits}"] = _time(call)
         r["swap"] = cands
         ok = {c: t for c, t in cands.items() if isinstance(t, float)}
@@ -109,23 +113,17 @@ def masked_rows(ems=None):
         def call(a, sa, b, sb, mm, out, em=em):
             G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out)
 
-        def timed(call=call, sets=sets):
-            try:
-                return rotated_ms(call, sets) * 1e3
-            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is reported
-                return f"{type(exc).__name__}: {str(exc)[:80]}"
-
-        r = {"g": g, "shape": [em, n, k], "operand_sets": len(sets), "shipped": timed()}
+        r = {"g": g, "shape": [em, n, k], "operand_sets": len(sets), "shipped": _time(call, sets)}
         with patched(SWAP_MAX_ROWS=256, USE_WS=False):
             for stages in (4, 6, 8):
                 for bn in (64, 128):
-                    with patched(SWAP_STAGES=stages, SWAP_BLOCK_N=bn):
-                        r[f"swap bn{bn} s{stages}"] = timed()
+                    with patched(SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages, SWAP_BLOCK_N=bn):
+                        r[f"swap bn{bn} s{stages}"] = _time(call, sets)
         refusal = G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em)
         with patched(SWAP_MAX_ROWS=0):
-            r["ws"] = timed() if refusal is None else refusal
+            r["ws"] = _time(call, sets) if refusal is None else refusal
         with patched(USE_SWAP=False, USE_WS=False):
-            r["pointer"] = timed()
+            r["pointer"] = _time(call, sets)
         rows.append(r)
         print(f"G={g}", r["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in r.items()
                                      if c not in ("g", "shape")}, flush=True)
@@ -318,20 +316,10 @@ def pdl_rows(reps=5):
     return rows
 
 
-@contextlib.contextmanager
 def _ws_ring(bm, bn, stages):
     """sm90_ws's ring depth for bm x bn tiles set to `stages` for the block (64-row tiles: their
     STAGES_HALF entry)."""
-    if bm != W.HALF_BM:
-        with _ring(bn, stages):
-            yield
-        return
-    old = W.STAGES_HALF[bn]
-    W.STAGES_HALF[bn] = stages
-    try:
-        yield
-    finally:
-        W.STAGES_HALF[bn] = old
+    return _ring(bn, stages) if bm != W.HALF_BM else mock.patch.dict(W.STAGES_HALF, {bn: stages})
 
 
 RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8, 10, 12), (W.HALF_BM, 128): (4, 5, 6, 7), (W.BM, W.NARROW_BN): (6, 8, 10),
@@ -350,10 +338,9 @@ def _ring_shape(m, n, k, dg):
 
     def timed(ref=None):
         out.fill_(float("nan"))
-        try:
-            t = rotated_ms(call, sets) * 1e3
-        except Exception as exc:  # noqa: BLE001 - a depth that does not fit shared memory is reported
-            return f"{type(exc).__name__}: {str(exc)[:60]}", None
+        t = _time(call, sets)
+        if not isinstance(t, float):  # a depth that does not fit shared memory is reported
+            return t, None
         return ("differs" if ref is not None and not torch.equal(out, ref) else t), out.clone()
 
     r = {"shape": [m, n, k], "operand_sets": len(sets)}
@@ -365,7 +352,7 @@ def _ring_shape(m, n, k, dg):
         with patched(USE_WS=False):
             _, ref = timed()
             for stages in (3, 4, 6, 8):
-                with patched(SWAP_STAGES=stages):
+                with patched(SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages):
                     r[f"swap s{stages}"], _ = timed(ref)
     bm, bn = W.tile_shape(m, n, A.num_sms(0))
     with patched(USE_SWAP=False):
