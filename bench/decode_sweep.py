@@ -5,8 +5,9 @@
 Dense: the swapped kernel (block_scaled._fp8_gemm_swap_kernel) per (BLOCK_N, stages, splits,
 token-tile cap) against the TMA kernel the dispatch takes without it, on DeepSeek-V3's decode
 shapes. Masked (--only masked [--masked-em 16 64]): the swapped kernel per ring depth and width,
-sm90_ws's masked mode and the Triton pointer kernel per expected_m, over operand sets rotated past the
-L2 (bench.common.operand_sets). CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
+sm90_ws's masked mode, the Triton TMA kernel's masked mode (SM100 without DeepGEMM and SM120 above
+SWAP_MAX_ROWS), the Triton pointer kernel and DeepGEMM per expected_m, over operand sets rotated past
+the L2 (bench.common.operand_sets). CUDA-graph medians in us; what it prints chose the constants in block_scaled.py
 (SWAP_*) and the masked dispatch; docs/perf.md has the run.
 
 --only ws: sm90_ws launched directly on the dense decode shapes per (tile width, ring depth, K
@@ -99,10 +100,28 @@ def dense_rows():
     return rows
 
 
+def _masked_mismatch(call, sets, ref_flags, flags):
+    """'' when call on sets[0] writes the same rows below masked_m under block_scaled flags `flags` as
+    under `ref_flags` (each over a NaN-poisoned out), else what differs."""
+    a, sa, b, sb, mm, out = sets[0]
+    got = []
+    for f in (ref_flags, flags):
+        out.fill_(float("nan"))
+        with patched(**f):
+            call(*sets[0])
+        got.append(out.clone())
+    rows = mm.clamp(0, out.shape[1]).tolist()
+    bad = [e for e, r in enumerate(rows) if not torch.equal(got[0][e, :r], got[1][e, :r])]
+    return f"differs from the pointer kernel in experts {bad}" if bad else ""
+
+
 def masked_rows(ems=None):
     """The masked shapes (expected_m in `ems`, default all) over operand sets rotated past the L2: the
-    shipped dispatch, the swapped kernel per ring depth and width, sm90_ws's masked mode and the
-    Triton pointer kernel."""
+    shipped dispatch, the swapped kernel per ring depth and width, sm90_ws's masked mode, the Triton
+    TMA kernel's masked mode (what SM100 without DeepGEMM and SM120 run above SWAP_MAX_ROWS; its
+    rows checked bit-identical to the pointer kernel's), the Triton pointer kernel, and DeepGEMM
+    (when importable)."""
+    dg, _ = _deepgemm()
     rows = []
     for g, em, n, k in MASKED:
         if ems and em not in ems:
@@ -123,7 +142,12 @@ def masked_rows(ems=None):
         with patched(SWAP_MAX_ROWS=0):
             r["ws"] = _time(call, sets) if refusal is None else refusal
         with patched(USE_SWAP=False, USE_WS=False):
-            r["pointer"] = _time(call, sets)
+            r["tma"] = _masked_mismatch(call, sets, {"USE_TMA": False}, {}) or _time(call, sets)
+            with patched(USE_TMA=False):
+                r["pointer"] = _time(call, sets)
+        if dg is not None:
+            r["deepgemm"] = _time(lambda a, sa, b, sb, mm, out, em=em: D.m_grouped_fp8_gemm_nt_masked(
+                a, sa, b, sb, mm, em, out, A.detect(), dg), sets)
         rows.append(r)
         print(f"G={g}", r["shape"], {c: (round(t, 1) if isinstance(t, float) else t) for c, t in r.items()
                                      if c not in ("g", "shape")}, flush=True)

@@ -1,6 +1,8 @@
 """The decode-path GEMM kernels (issue #28): the swapped kernel (block_scaled._fp8_gemm_swap_kernel:
 dense M <= SWAP_MAX_ROWS and masked calls expecting that few rows per expert, K split on small
-dense grids) and the SM90 warp-specialized kernel's masked mode (sm90_ws, MODE 2).
+dense grids), the persistent TMA kernel's masked mode (_fp8_gemm_tma_kernel, MODE 2: masked calls
+above SWAP_MAX_ROWS where sm90_ws does not take them; bit-identical to the pointer kernel) and the
+SM90 warp-specialized kernel's masked mode (sm90_ws, MODE 2).
 
 Every output is poisoned with NaN first and carries guard columns; inputs are fresh random
 numbers. Against the float64 oracle: relative L2 <= 5e-3 (FP32 accumulation of exact FP8
@@ -157,6 +159,7 @@ def test_masked_swapped_kernel(monkeypatch, device, fmt, expected_m):
     assert ran == [True] and cnt.tolist() == [1, 1]
     assert torch.isnan(buf[..., n:]).all()
     monkeypatch.setattr(G, "USE_SWAP", False)
+    monkeypatch.setattr(G, "USE_TMA", False)
     ref = G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=expected_m)
     oracle = GR.grouped_masked_ref(a, sa, b, sb, masked)
     for i, mm in enumerate(rows):
@@ -165,6 +168,60 @@ def test_masked_swapped_kernel(monkeypatch, device, fmt, expected_m):
             assert not torch.isnan(out[i, :mm]).any()
             assert_bf16_last_bit(out[i, :mm], ref[i, :mm])
             assert rel_l2(out[i, :mm].cpu(), oracle[i, :mm]) <= TOL
+
+
+# ----------------------------------------------------------------------------- the TMA kernel's masked mode
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp32", "ue8m0", "fp32_rows"])
+@pytest.mark.parametrize("progs", [None, 3], ids=["grid", "3-programs"])
+def test_masked_tma_kernel(monkeypatch, device, fmt, progs):
+    """expected_m above SWAP_MAX_ROWS where sm90_ws does not run (every GPU but SM90, and SM90
+    operands its plan refuses): the persistent TMA kernel's masked mode. masked_m per expert: empty,
+    one row, a whole tile, a ragged count, all Mmax rows (the last expert's, so its last tile reads
+    past A's end: TMA's zero fill), and out-of-range entries (clamped and counted). progs 3: three
+    persistent programs walk every expert's work items, the empty ones past masked_m included.
+    Rows past masked_m and the guard columns stay NaN; the rest match the oracle and, bit for bit,
+    the pointer kernel (the same tiles and promotion order)."""
+    e, mmax, n, k = 7, 160, 264, 384
+    a, sa, b, sb = _masked(e, mmax, n, k, fmt, device, seed=11)
+    masked = torch.tensor([0, 1, 64, 100, -3, mmax + 9, mmax], dtype=torch.int32, device=device)
+    rows = masked.clamp(0, mmax).tolist()
+    monkeypatch.setattr(G, "USE_WS", False)
+    if progs is not None:
+        monkeypatch.setattr(G, "_gpu_limits", lambda dev: (progs, None))
+    ran = _spy(monkeypatch, "_launch_tma")
+    buf, out = _out((e, mmax, n), device)
+    cnt = torch.zeros(2, dtype=torch.int32, device=device)
+    G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=128, out=out, counters=cnt)
+    assert ran == [True] and cnt.tolist() == [1, 1]
+    assert torch.isnan(buf[..., n:]).all()
+    monkeypatch.setattr(G, "USE_TMA", False)
+    ref = G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=128)
+    assert ran == [True, False]
+    oracle = GR.grouped_masked_ref(a, sa, b, sb, masked)
+    for i, mm in enumerate(rows):
+        assert torch.isnan(out[i, mm:]).all()
+        assert torch.equal(out[i, :mm], ref[i, :mm])
+        if mm:
+            assert rel_l2(out[i, :mm].cpu(), oracle[i, :mm]) <= TOL
+
+
+def test_masked_tma_kernel_declines_experts_not_mmax_rows_apart(monkeypatch):
+    """A [E, Mmax, K] cut from a taller buffer cannot be one [E * Mmax, K] TMA view: the pointer
+    kernel runs it, with the same result."""
+    e, mmax, n, k = 3, 96, 128, 256
+    a, sa, b, sb = _masked(e, mmax, n, k, "fp32", "cpu", seed=12)
+    masked = torch.tensor([96, 5, 70], dtype=torch.int32)
+    tall = torch.empty(e, mmax + 16, k, dtype=a.dtype)
+    tall[:, :mmax] = a
+    ran = _spy(monkeypatch, "_launch_tma")
+    want = G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=96)
+    got = G.m_grouped_fp8_gemm_nt_masked(tall[:, :mmax], sa, b, sb, masked, expected_m=96)
+    assert ran == [True, False]
+    for i, mm in enumerate(masked.tolist()):
+        assert torch.equal(got[i, :mm], want[i, :mm])
 
 
 # ----------------------------------------------------------------------------- sm90_ws masked mode
@@ -193,9 +250,11 @@ def test_ws_plan_for_masked_calls():
 
 
 def _triton_masked(monkeypatch, *args, **kwargs):
+    """The pointer kernel's masked result (the swapped and the TMA kernels off)."""
     with monkeypatch.context() as mp:
         mp.setattr(G, "USE_WS", False)
         mp.setattr(G, "USE_SWAP", False)
+        mp.setattr(G, "USE_TMA", False)
         return G.m_grouped_fp8_gemm_nt_masked(*args, **kwargs)
 
 

@@ -200,18 +200,24 @@ def _fp8_gemm_tma_kernel(
     stride_dm, stride_dn, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, stride_ws=0,
+    STAGES: tl.constexpr, SPLIT_K: tl.constexpr = 1, stride_ws=0, stride_de=0, stride_sae=0,
 ):
-    """Dense and m-grouped contiguous, persistent (NUM_PROGS programs walk the tiles) with TMA
-    loads (out-of-range rows and K are zero-filled by the copy engine). B is viewed as
-    [E * N, K]: a tile's rows past N belong to the next expert and only feed columns that are
-    never stored. Same numerics, counters and zero tiles as _fp8_gemm_kernel.
+    """Dense, m-grouped contiguous and m-grouped masked, persistent (NUM_PROGS programs walk the
+    tiles) with TMA loads (out-of-range rows and K are zero-filled by the copy engine). B is
+    viewed as [E * N, K]: a tile's rows past N belong to the next expert and only feed columns
+    that are never stored. Same numerics, counters and zero tiles as _fp8_gemm_kernel.
+
+    Masked (MODE 2): A is viewed as [E * M, K] (M: Mmax), out and A's scales are [E, M, ...]
+    (stride_de, stride_sae). Each expert owns TILES_M x tiles_n work items; the first
+    cdiv(masked_m[e], BLOCK_M) x tiles_n of them are its tiles, walked in grouped-M order, the
+    rest run no K step and store nothing. A tile's rows past masked_m read the next expert's
+    rows (or TMA's zero fill) and are not stored: rows past masked_m keep what they held.
 
     SPLIT_K > 1 (dense only): work item (tile, s) sums the s-th of SPLIT_K equal runs of K
     blocks and stores its FP32 partial at d_ptr + s * stride_ws; the caller adds the partials
     in a fixed order."""
     tiles_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = TILES_M * tiles_n
+    num_tiles = TILES_M * tiles_n * (E if MODE == 2 else 1)
     nk = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(nk, SPLIT_K)
     for item in tl.range(tl.program_id(0), num_tiles * SPLIT_K, NUM_PROGS, flatten=True):
@@ -219,27 +225,44 @@ def _fp8_gemm_tma_kernel(
         split = item % SPLIT_K
         k_lo = split * per_split
         k_hi = tl.minimum(nk, k_lo + per_split)
-        pid_m, pid_n = _swizzled_tile(tile, TILES_M, tiles_n, GROUP_M)
+        e = 0
+        m_end = M
+        a_row0 = 0
+        tile_valid = True
+        d_base = d_ptr + split * stride_ws
+        sa_base = sa_ptr
+        if MODE == 2:  # expert e's work items: its row tiles first, then the ones past masked_m
+            e = tile // (TILES_M * tiles_n)
+            tile = tile % (TILES_M * tiles_n)
+            m_end = tl.minimum(tl.maximum(tl.load(grp_ptr + e), 0), M)
+            tiles_m = tl.cdiv(m_end, BLOCK_M)
+            tile_valid = tile < tiles_m * tiles_n
+            pid_m, pid_n = _swizzled_tile(tl.where(tile_valid, tile, 0), tl.maximum(tiles_m, 1), tiles_n, GROUP_M)
+            a_row0 = e * M
+            d_base = d_ptr + e.to(tl.int64) * stride_de  # E x Mmax x N may pass 2^31 elements
+            sa_base = sa_ptr + e.to(tl.int64) * stride_sae
+        else:
+            pid_m, pid_n = _swizzled_tile(tile, TILES_M, tiles_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < M
+        rmask = rows < m_end
+        if MODE == 2:
+            rmask = rmask & tile_valid
         cmask = cols < N
-        e = 0
         row_ok = rmask
-        tile_valid = True
         if MODE == 1:
             e, row_ok, tile_valid = _tile_expert(grp_ptr, cnt_ptr, rows, rmask, pid_m * BLOCK_M, pid_n, E)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         sb_base = sb_ptr + e * stride_sbe
         for kb in tl.range(k_lo, tl.where(tile_valid, k_hi, k_lo), num_stages=STAGES):  # invalid tiles: no K steps
-            a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+            a = a_desc.load([a_row0 + pid_m * BLOCK_M, kb * BLOCK_K])
             b = b_desc.load([e * N + pid_n * BLOCK_N, kb * BLOCK_K])
-            sa = _load_scale(sa_ptr, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
+            sa = _load_scale(sa_base, rows, kb, stride_sam, stride_sak, rmask, PACKED_A)
             acc = _promote(acc, a, b, sa, sb_base, pid_n, cols, cmask, kb, stride_sbn, stride_sbk, SB_ROW_DIV,
                            PACKED_B, BLOCK_N)
         if MODE == 1:
             acc = tl.where(row_ok[:, None], acc, 0.0)
-        d_ptrs = d_ptr + split * stride_ws + rows[:, None] * stride_dm + cols[None, :] * stride_dn
+        d_ptrs = d_base + rows[:, None] * stride_dm + cols[None, :] * stride_dn
         tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
@@ -562,20 +585,24 @@ def ring_stages(stages: int, slot_bytes: int, smem: int | None) -> int:
 
 def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
                 stages, group_m) -> bool:
-    """Dense / contiguous through the persistent TMA kernel; False when it does not apply.
+    """Dense / contiguous / masked through the persistent TMA kernel; False when it does not apply
+    (masked: also when a [E, M, K]'s experts are not M rows apart, as in _launch_swap).
 
     A dense grid with fewer than half as many tiles as SMs splits K (split_k): the partials go
     to an FP32 workspace [S, M, N] and are added in split order, then rounded to BF16 once. The
     summation order differs from the unsplit kernel by that one regrouping (FP32 partials of
     consecutive K-block runs), so the BF16 result can differ from it in the last bit."""
-    if not USE_TMA or not b.is_contiguous() or not _tma_ok(a, b):
+    if not USE_TMA or not b.is_contiguous() or (a.dim() == 3 and a.stride(0) != m * a.stride(1)):
+        return False
+    a2 = a.reshape(-1, k)  # masked: [E * M, K]
+    if not _tma_ok(a2, b):
         return False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     b2 = b.reshape(-1, k)  # [E * N, K]
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    a_desc = TensorDescriptor.from_tensor(a2, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b2, [bn, bk])
-    tiles = tiles_m * cdiv(n, bn)
+    tiles = tiles_m * cdiv(n, bn) * (e if mode == MASKED else 1)
     sms, smem = _gpu_limits(a.device)
     splits = split_k(mode, tiles, cdiv(k, bk), sms)
     stages = ring_stages(stages, (bm + bn) * bk, smem)
@@ -584,10 +611,11 @@ def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, pa
     sb_e, sb_n, sb_k = _strides3(sb)
     _fp8_gemm_tma_kernel[(progs,)](
         a_desc, b_desc, target, sa, sb, grp, cnt, m, n, k, e, tiles_m, progs,
-        target.stride(-2), target.stride(-1), sa.stride(0), sa.stride(1), sb_e, sb_n, sb_k,
+        target.stride(-2), target.stride(-1), sa.stride(-2), sa.stride(-1), sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, STAGES=stages, num_warps=warps,
         SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0,
+        stride_de=d.stride(0) if mode == MASKED else 0, stride_sae=sa.stride(0) if mode == MASKED else 0,
     )
     if splits > 1:
         _reduce_splits(target, d)  # a fixed-order reduction over the splits, one rounding to BF16
@@ -825,13 +853,15 @@ def m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked_m, expected_m=None, out=No
     if e == 0 or mmax == 0 or n == 0:
         return out
     rows = expected_m if expected_m is not None else mmax
-    if (_launch_ws(MASKED, a, sa, b, sb, masked_m, counters, e, out, packed_a, sb_div, expected_m=rows)
-            or _launch_swap(MASKED, a, sa, b, sb, masked_m, out, rows, packed_a, packed_b, sb_div)):
-        if counters is not None:  # the pointer kernel counts in-kernel; these two leave it to two device ops
-            counters.add_(torch.stack(((masked_m < 0).sum(), (masked_m > mmax).sum())).to(torch.int32))
-        return out
     bm, bn, bk, warps, stages, gm = _config(rows, n, k)
     tiles_m = cdiv(mmax, bm)
+    if (_launch_ws(MASKED, a, sa, b, sb, masked_m, counters, e, out, packed_a, sb_div, expected_m=rows)
+            or _launch_swap(MASKED, a, sa, b, sb, masked_m, out, rows, packed_a, packed_b, sb_div)
+            or _launch_tma(MASKED, a, b, out, sa, sb, masked_m, masked_m, mmax, n, k, e, tiles_m, sb_div, packed_a,
+                           packed_b, bm, bn, bk, warps, stages, gm)):
+        if counters is not None:  # the pointer kernel counts in-kernel; these three leave it to two device ops
+            counters.add_(torch.stack(((masked_m < 0).sum(), (masked_m > mmax).sum())).to(torch.int32))
+        return out
     grid = (tiles_m * cdiv(n, bn), e)
     _launch(grid, MASKED, a, b, out, sa, sb, masked_m, masked_m if counters is None else counters, mmax, n, k, e,
             tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps, stages, gm, count_masked=counters is not None)
