@@ -71,7 +71,7 @@ def gemm_section(d: dict, path: str) -> str:
                    "M = expected_m = masked_m rows per expert, capacity "
                    f"{'max(2 * expected_m, 128)' if 'copy_gbs' in d else '2 * expected_m'}.\n")
     mem = [r for r in d["results"] if "mem_limit_us" in r]
-    rotated = "rotated" in env.get("operands", "")
+    rotated = env.get("rotated", "rotated" in env.get("operands", ""))  # the text: runs 2026-12-04k and before
     rotated_copy = ", which the GEMMs, reading their weights from device memory, cannot" if rotated else ""
     operands = ("\nEach shape is timed over as many fresh operand sets as move at least 4x the L2 per pass "
                 "(`operand_sets` in the JSON rows; bench.common.operand_sets), the calls taking them in turn: "
