@@ -237,6 +237,7 @@ def _fp8_gemm_tma_kernel(
             m_end = tl.minimum(tl.maximum(tl.load(grp_ptr + e), 0), M)
             tiles_m = tl.cdiv(m_end, BLOCK_M)
             tile_valid = tile < tiles_m * tiles_n
+            m_end = tl.where(tile_valid, m_end, 0)  # an item past the expert's tiles stores no row
             pid_m, pid_n = _swizzled_tile(tl.where(tile_valid, tile, 0), tl.maximum(tiles_m, 1), tiles_n, GROUP_M)
             a_row0 = e * M
             d_base = d_ptr + e.to(tl.int64) * stride_de  # E x Mmax x N may pass 2^31 elements
@@ -246,8 +247,6 @@ def _fp8_gemm_tma_kernel(
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < m_end
-        if MODE == 2:
-            rmask = rmask & tile_valid
         cmask = cols < N
         row_ok = rmask
         if MODE == 1:
@@ -472,7 +471,7 @@ def _launch(grid, mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, 
     )
 
 
-USE_TMA = True  # tests patch it to False to compare both paths; the launcher also checks _tma_ok
+USE_TMA = True  # tests patch it to False to compare both paths; the launcher also checks _tma_rows
 USE_WS = True  # likewise for the SM90 warp-specialized kernel (sm90_ws.plan decides where it applies)
 
 
@@ -543,6 +542,15 @@ def _tma_ok(*tensors) -> bool:
                for t in tensors)
 
 
+def _tma_rows(a, b):
+    """A as the [rows, K] view its TMA descriptor reads (masked [E, M, K]: [E * M, K], which needs
+    its experts M rows apart), or None where TMA cannot read it or the weights b (contiguous)."""
+    if not b.is_contiguous() or (a.dim() == 3 and a.stride(0) != a.shape[1] * a.stride(1)):
+        return None
+    a2 = a.reshape(-1, a.shape[-1])
+    return a2 if _tma_ok(a2, b) else None
+
+
 SPLIT_K_MIN_BLOCKS = 16  # K blocks each split keeps at least (the pipeline's depth needs a run)
 SPLIT_K_MAX = 4
 
@@ -586,16 +594,14 @@ def ring_stages(stages: int, slot_bytes: int, smem: int | None) -> int:
 def _launch_tma(mode, a, b, d, sa, sb, grp, cnt, m, n, k, e, tiles_m, sb_div, packed_a, packed_b, bm, bn, bk, warps,
                 stages, group_m) -> bool:
     """Dense / contiguous / masked through the persistent TMA kernel; False when it does not apply
-    (masked: also when a [E, M, K]'s experts are not M rows apart, as in _launch_swap).
+    (USE_TMA off, operands TMA cannot read: _tma_rows).
 
     A dense grid with fewer than half as many tiles as SMs splits K (split_k): the partials go
     to an FP32 workspace [S, M, N] and are added in split order, then rounded to BF16 once. The
     summation order differs from the unsplit kernel by that one regrouping (FP32 partials of
     consecutive K-block runs), so the BF16 result can differ from it in the last bit."""
-    if not USE_TMA or not b.is_contiguous() or (a.dim() == 3 and a.stride(0) != m * a.stride(1)):
-        return False
-    a2 = a.reshape(-1, k)  # masked: [E * M, K]
-    if not _tma_ok(a2, b):
+    a2 = _tma_rows(a, b) if USE_TMA else None
+    if a2 is None:
         return False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -666,15 +672,11 @@ def swap_config(rows: int, n: int, k: int, m: int | None, sms: int | None,
 def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div) -> bool:
     """Dense (a [M, K]) or masked (a [E, M, K]) through _fp8_gemm_swap_kernel; False when it does
     not apply (USE_SWAP off, more than SWAP_MAX_ROWS rows, operands TMA cannot read)."""
-    if not USE_SWAP or rows > SWAP_MAX_ROWS or not b.is_contiguous():
+    a2 = _tma_rows(a, b) if USE_SWAP and rows <= SWAP_MAX_ROWS else None  # masked: [E * M, K]
+    if a2 is None:
         return False
     k = a.shape[-1]
     m, n = a.shape[-2], b.shape[-2]
-    if a.dim() == 3 and a.stride(0) != m * a.stride(1):
-        return False
-    a2 = a.reshape(-1, k)  # masked: [E * M, K]
-    if not _tma_ok(a2, b):
-        return False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     sms, smem = _gpu_limits(a.device)
