@@ -100,14 +100,15 @@ def dense_rows():
     return rows
 
 
-def _masked_mismatch(call, sets, ref_flags, flags):
-    """'' when call on sets[0] writes the same rows below masked_m under block_scaled flags `flags` as
-    under `ref_flags` (each over a NaN-poisoned out), else what differs."""
+def _tma_mismatch(call, sets):
+    """'' when the masked call on sets[0] writes the same rows below masked_m through the TMA kernel as
+    through the pointer kernel (block_scaled.USE_TMA on / off, each over a NaN-poisoned out), else the
+    experts that differ."""
     a, sa, b, sb, mm, out = sets[0]
     got = []
-    for f in (ref_flags, flags):
+    for use_tma in (False, True):
         out.fill_(float("nan"))
-        with patched(**f):
+        with patched(USE_TMA=use_tma):
             call(*sets[0])
         got.append(out.clone())
     rows = mm.clamp(0, out.shape[1]).tolist()
@@ -142,7 +143,7 @@ def masked_rows(ems=None):
         with patched(SWAP_MAX_ROWS=0):
             r["ws"] = _time(call, sets) if refusal is None else refusal
         with patched(USE_SWAP=False, USE_WS=False):
-            r["tma"] = _masked_mismatch(call, sets, {"USE_TMA": False}, {}) or _time(call, sets)
+            r["tma"] = _tma_mismatch(call, sets) or _time(call, sets)
             with patched(USE_TMA=False):
                 r["pointer"] = _time(call, sets)
         if dg is not None:

@@ -51,6 +51,23 @@ def quantized_weights(w: torch.Tensor, fmt: str):
     return b, sb
 
 
+def masked_operands(e, mmax, n, k, fmt, device, seed):
+    """(a [E, Mmax, K], its scales in the per-expert layout the masked executor hands over, b, sb in
+    fmt as quantized_weights): fresh random BF16 activations and weights, quantized."""
+    from rtp_fp8.quant import layout as L
+    from rtp_fp8.quant import token_group as T
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(e * mmax, k, generator=g).to(torch.bfloat16).to(device)
+    layout = "ue8m0" if fmt == "ue8m0" else "col_tma"
+    a, sa_flat = T.per_token_group_quant(x, 128, scale_layout=layout)
+    sa = L.alloc_scales((e,), mmax, k // 128, layout, device)
+    for i in range(e):
+        sa[i].copy_(sa_flat[i * mmax:(i + 1) * mmax])
+    w = (torch.randn(e, n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
+    return (a.view(e, mmax, k), sa, *quantized_weights(w, fmt))
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -18,11 +18,10 @@ rest of a 64-row half (the TMA store), which is asserted.
 import pytest
 import torch
 
-from helpers import DEVICES, assert_bf16_last_bit, quantized_weights, rel_l2
+from helpers import DEVICES, assert_bf16_last_bit, masked_operands, quantized_weights, rel_l2
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
-from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
 TOL = 5e-3
@@ -40,17 +39,6 @@ def _dense(m, n, k, fmt, device, seed):
     a, sa = T.per_token_group_quant(x, 128, scale_layout="ue8m0" if fmt == "ue8m0" else "col_tma")
     return (a, sa, *_weights(None, n, k, fmt, device, g))
 
-
-def _masked(e, mmax, n, k, fmt, device, seed):
-    """a [E, Mmax, K] with its scales in the per-expert layout the masked executor hands over."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(e * mmax, k, generator=g).to(torch.bfloat16).to(device)
-    layout = "ue8m0" if fmt == "ue8m0" else "col_tma"
-    a, sa_flat = T.per_token_group_quant(x, 128, scale_layout=layout)
-    sa = L.alloc_scales((e,), mmax, k // 128, layout, device)
-    for i in range(e):
-        sa[i].copy_(sa_flat[i * mmax:(i + 1) * mmax])
-    return (a.view(e, mmax, k), sa, *_weights(e, n, k, fmt, device, g))
 
 
 def _out(shape, device, guard=GUARD):
@@ -149,7 +137,7 @@ def test_masked_swapped_kernel(monkeypatch, device, fmt, expected_m):
     loop takes several steps), all Mmax rows, and out-of-range entries (clamped and counted).
     Rows past masked_m stay NaN; the rest match the oracle and the pointer kernel."""
     e, mmax, n, k = 7, 80, 264, 384
-    a, sa, b, sb = _masked(e, mmax, n, k, fmt, device, seed=expected_m)
+    a, sa, b, sb = masked_operands(e, mmax, n, k, fmt, device, seed=expected_m)
     masked = torch.tensor([0, 1, 17, 70, mmax, -3, mmax + 9], dtype=torch.int32, device=device)
     rows = masked.clamp(0, mmax).tolist()
     ran = _spy(monkeypatch, "_launch_swap")
@@ -185,7 +173,7 @@ def test_masked_tma_kernel(monkeypatch, device, fmt, progs):
     Rows past masked_m and the guard columns stay NaN; the rest match the oracle and, bit for bit,
     the pointer kernel (the same tiles and promotion order)."""
     e, mmax, n, k = 7, 160, 264, 384
-    a, sa, b, sb = _masked(e, mmax, n, k, fmt, device, seed=11)
+    a, sa, b, sb = masked_operands(e, mmax, n, k, fmt, device, seed=11)
     masked = torch.tensor([0, 1, 64, 100, -3, mmax + 9, mmax], dtype=torch.int32, device=device)
     rows = masked.clamp(0, mmax).tolist()
     monkeypatch.setattr(G, "USE_WS", False)
@@ -212,7 +200,7 @@ def test_masked_tma_kernel_declines_experts_not_mmax_rows_apart(monkeypatch):
     """A [E, Mmax, K] cut from a taller buffer cannot be one [E * Mmax, K] TMA view: the pointer
     kernel runs it, with the same result."""
     e, mmax, n, k = 3, 96, 128, 256
-    a, sa, b, sb = _masked(e, mmax, n, k, "fp32", "cpu", seed=12)
+    a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cpu", seed=12)
     masked = torch.tensor([96, 5, 70], dtype=torch.int32)
     tall = torch.empty(e, mmax + 16, k, dtype=a.dtype)
     tall[:, :mmax] = a
@@ -233,7 +221,7 @@ needs_gluon = pytest.mark.skipif(W is None, reason="needs Triton with Gluon (tri
 @needs_gluon
 def test_ws_plan_for_masked_calls():
     e, mmax, n, k = 8, 512, 4096, 256
-    a, sa, b, sb = _masked(e, mmax, n, k, "fp32", "cpu", seed=1)
+    a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cpu", seed=1)
     out = torch.empty(e, mmax, n, dtype=torch.bfloat16)
 
     def plan(rows, out=out, sms=132):
@@ -267,7 +255,7 @@ def test_ws_masked_is_bit_identical_to_triton(monkeypatch, mmax, epilogue, bn):
     entry) walked by the persistent scheduler over more tiles than programs; Mmax=200 (not whole
     64-row halves) keeps pointer stores. Launched directly, then through the dispatch."""
     e, n, k = 9, 2048 if bn == 256 else 2112, 640
-    a, sa, b, sb = _masked(e, mmax, n, k, "fp32", "cuda", seed=mmax + bn)
+    a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=mmax + bn)
     masked = torch.tensor([0, 1, 128, 200, mmax, 77, mmax + 5, 129, 64], dtype=torch.int32, device="cuda")
     rows = masked.clamp(0, mmax).tolist()
     buf, out = _out((e, mmax, n), "cuda", guard=8 if epilogue == "tma" else GUARD)
