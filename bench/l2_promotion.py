@@ -31,14 +31,14 @@ from unittest import mock
 import torch
 
 from bench.common import dump, environment, operand_sets, rotated_ms
+from bench.decode_sweep import DENSE
 from bench.gemm import dense_inputs
 
 PROMOTIONS = {"none": 0, "64": 1, "128": 2, "256": 3}  # CUtensorMapL2promotion
 TRITON_PROMOTION = PROMOTIONS["128"]  # what Triton's fillTMADescriptor passes
 MAP_OFFSET = 128  # PyCUtensorMapObject: PyObject_HEAD, then an _Alignas(128) CUtensorMap
 MAP_BYTES = 128  # sizeof(CUtensorMap)
-SHAPES = [(m, n, k) for m in (1, 64, 128, 256) for n, k in ((4096, 7168), (7168, 2048))] + [
-    (4096, 7168, 16384), (4096, 4096, 7168)]
+SHAPES = DENSE + [(4096, 7168, 16384), (4096, 4096, 7168)]  # the decode shapes and two M=4096 ones
 
 
 def encode_args(base: int, shape, strides, padding: str, metadata: dict) -> dict:
