@@ -167,12 +167,21 @@ def _ring(bn, stages):
         setattr(W, name, old)
 
 
-def _checked_time(call, out, ref):
-    """call's graph-timed us with out poisoned first, or why it does not count: it cannot run, or
-    what it wrote differs from ref (the Triton kernel split into the same K runs)."""
+def _checked_time(call, out, ref, sets=None, what="the Triton split"):
+    """call's graph-timed us (sets: call(*ops) over those operand sets in turn, out set 0's output) with
+    out poisoned first, or why it does not count: it cannot run, or what it wrote differs from ref
+    (`what`: by default the Triton kernel split into the same K runs)."""
     out.fill_(float("nan"))
-    t = _time(call)
-    return "differs from the Triton split" if isinstance(t, float) and not torch.equal(out, ref) else t
+    t = _time(call, sets)
+    return f"differs from {what}" if isinstance(t, float) and not torch.equal(out, ref) else t
+
+
+def _output(call, ops, out):
+    """What call(*ops) writes into out (poisoned first), a copy."""
+    out.fill_(float("nan"))
+    call(*ops)
+    torch.cuda.synchronize()
+    return out.clone()
 
 
 def _ws_launch(a, sa, b, sb, out, parts, splits, **tile):
@@ -350,6 +359,7 @@ def _ws_ring(bm, bn, stages):
 RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8, 10, 12), (W.HALF_BM, 128): (4, 5, 6, 7), (W.BM, W.NARROW_BN): (6, 8, 10),
                (W.BM, W.BN): (4, 5, 6)}
 
+
 def _ring_shape(m, n, k, dg):
     """The dense decode shape over operand sets rotated past the L2 (each call's weights come from
     device memory): the shipped dispatch, DeepGEMM, the swapped kernel per ring depth (M <= 64) and
@@ -361,30 +371,26 @@ def _ring_shape(m, n, k, dg):
     def call(a, sa, b, sb, out):
         G.fp8_gemm_nt(a, sa, b, sb, out=out)
 
-    def timed(ref=None):
-        out.fill_(float("nan"))
-        t = _time(call, sets)
-        if not isinstance(t, float):  # a depth that does not fit shared memory is reported
-            return t, None
-        return ("differs" if ref is not None and not torch.equal(out, ref) else t), out.clone()
+    def timed(ref):  # a depth that does not fit shared memory is reported
+        return _checked_time(call, out, ref, sets, "the kernel as shipped")
 
     r = {"shape": [m, n, k], "operand_sets": len(sets)}
-    r["shipped"], _ = timed()
+    r["shipped"] = _time(call, sets)
     if dg is not None:
         r["deepgemm"] = rotated_ms(lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg),
                                    sets) * 1e3
     if m <= G.SWAP_MAX_ROWS:
         with patched(USE_WS=False):
-            _, ref = timed()
+            ref = _output(call, sets[0], out)
             for stages in (3, 4, 6, 8):
                 with patched(SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages):
-                    r[f"swap s{stages}"], _ = timed(ref)
+                    r[f"swap s{stages}"] = timed(ref)
     bm, bn = W.tile_shape(m, n, A.num_sms(0))
     with patched(USE_SWAP=False):
-        _, ref = timed()
+        ref = _output(call, sets[0], out)
         for stages in RING_DEPTHS.get((bm, bn), ()):
             with _ws_ring(bm, bn, stages):
-                r[f"ws {bm}x{bn} s{stages}"], _ = timed(ref)
+                r[f"ws {bm}x{bn} s{stages}"] = timed(ref)
     return r
 
 

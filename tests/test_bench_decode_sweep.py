@@ -1,8 +1,9 @@
 """bench/decode_sweep.py's masked check, host side: _tma_mismatch compares what a masked call writes
 below masked_m through the TMA kernel and through the pointer kernel (each over a NaN-poisoned out)
 and names the experts that differ, so that a timed variant which computes something else is
-reported instead of timed. Run here under the interpreter on CPU tensors; the timings come from
-the GPU."""
+reported instead of timed; _checked_time, which every depth and tile sweep times a variant through,
+poisons the output first and reports a variant whose output differs from the reference, or that
+cannot run. Run here under the interpreter on CPU tensors; the timings come from the GPU."""
 
 import torch
 
@@ -31,3 +32,39 @@ def test_a_variant_that_writes_other_rows_is_named():
             out[2, 32] += 1  # the last row expert 2 owns
 
     assert S._tma_mismatch(off_by_one, [_set()]) == "differs from the pointer kernel in experts [2]"
+
+
+def _ring_fake(monkeypatch):
+    """decode_sweep._time patched where _checked_time uses it: one call over set 0, 5 us; the CUDA
+    synchronize a no-op (CPU tensors)."""
+    monkeypatch.setattr(S, "_time", lambda call, sets=None: call(*sets[0]) or 5.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def test_checked_time_times_a_variant_that_writes_the_reference(monkeypatch):
+    _ring_fake(monkeypatch)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2))
+    sets = [(x, torch.empty(4, 6))]
+    out = sets[0][1]
+
+    def call(x, out):
+        out.copy_(x * 3)
+
+    ref = S._output(call, sets[0], out)
+    assert torch.equal(ref, x * 3)
+    assert S._checked_time(call, out, ref, sets, "the kernel as shipped") == 5.0
+
+    def other(x, out):
+        out.copy_(x * 3)
+        out[1, 2] = 0
+
+    assert S._checked_time(other, out, ref, sets, "the kernel as shipped") == "differs from the kernel as shipped"
+    # the output is poisoned first: a variant that writes nothing cannot pass on what the reference left
+    out.copy_(ref)
+    assert S._checked_time(lambda x, out: None, out, ref, sets) == "differs from the Triton split"
+
+
+def test_checked_time_reports_a_variant_that_cannot_run(monkeypatch):
+    monkeypatch.setattr(S, "_time", lambda call, sets=None: "OutOfResources: shared memory")
+    out = torch.zeros(2, 2)
+    assert S._checked_time(lambda: None, out, out.clone()) == "OutOfResources: shared memory"
