@@ -1,7 +1,7 @@
 """Where sm90_ws loses to DeepGEMM, read from the hardware counters (issue #28): a program for ncu.
 
     ncu --clock-control none --profile-from-start off --set full -o prof \\
-        python3 bench/ncu_probe.py [--shapes 128,4096,7168 64,7168,2048]
+        python3 bench/ncu_probe.py [--shapes 128,4096,7168 64,7168,2048] [--ws-stages 6 10]
 
 Each shape's operands are made and both GEMMs (our shipped dispatch and DeepGEMM when it imports)
 run three times outside the profiled range, so compiles, autotuning and DeepGEMM's JIT stay out
@@ -9,6 +9,9 @@ of it. Then the profiler range (cudaProfilerStart / Stop) holds one call of each
 has one entry per kernel launched: compare their sections (SpeedOfLight, MemoryWorkloadAnalysis,
 WarpStateStats, SourceCounters). Timing belongs to bench/gemm.py: ncu replays each kernel with its
 caches flushed. Outputs are checked bit for bit against each other after the range.
+
+--ws-stages: sm90_ws at the dispatch's tile with those ring depths too (one more entry each), for
+why rings deeper than 6 slots ran slower over rotated operands (docs/perf.md, 2026-12-04k).
 """
 
 from __future__ import annotations
@@ -35,41 +38,64 @@ def _shape(text):
     return m, n, k
 
 
+def _variants(a, sa, b, sb, out, stages, dg):
+    """[(label, call, its output)]: the shipped dispatch ("ours"), sm90_ws at the dispatch's tile with
+    each ring depth in `stages` ("ours sN", the depth patched as bench/decode_sweep.py's ring sweep
+    patches it, inside the call so that the profiled launch reads it), DeepGEMM when it imports."""
+    from bench.decode_sweep import _ws_ring
+
+    def ours(o, depth=None):
+        if depth is None:
+            return lambda: G.fp8_gemm_nt(a, sa, b, sb, out=o)
+        bm, bn = G.sm90_ws.tile_shape(a.shape[0], b.shape[0], A.num_sms(0))
+
+        def call():
+            with _ws_ring(bm, bn, depth):
+                G.fp8_gemm_nt(a, sa, b, sb, out=o)
+        return call
+
+    out.fill_(float("nan"))
+    calls = [("ours", ours(out), out)]
+    for depth in stages:
+        o = torch.full_like(out, float("nan"))
+        calls.append((f"ours s{depth}", ours(o, depth), o))
+    if dg is not None:
+        o = torch.full_like(out, float("nan"))
+        calls.append(("deep_gemm", lambda: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg), o))
+    return calls
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, help="M,N,K (default: %(default)s)")
+    p.add_argument("--ws-stages", nargs="+", type=int, default=[], metavar="N",
+                   help="also sm90_ws at the dispatch's tile with an N-slot ring (shapes it takes)")
     args = p.parse_args(argv)
     dg, why = _deepgemm()
     print(f"deep_gemm: {dg.version if dg is not None else 'absent: ' + why}")
     calls = []
     for m, n, k in args.shapes:
         torch.manual_seed(m + n + k)
-        a, sa, b, sb, out = dense_inputs(m, n, k)
-        out_dg = torch.full_like(out, float("nan"))
-        out.fill_(float("nan"))
-        ours = (lambda a=a, sa=sa, b=b, sb=sb, out=out: G.fp8_gemm_nt(a, sa, b, sb, out=out))
-        theirs = None if dg is None else (
-            lambda a=a, sa=sa, b=b, sb=sb, o=out_dg: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg))
+        variants = _variants(*dense_inputs(m, n, k), args.ws_stages, dg)
         for _ in range(3):
-            ours()
-            if theirs is not None:
-                theirs()
-        calls.append(((m, n, k), ours, theirs, out, out_dg))
+            for _, call, _ in variants:
+                call()
+        calls.append(((m, n, k), variants))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for shape, ours, theirs, *_ in calls:
-        torch.cuda.nvtx.range_push(f"ours {shape}")
-        ours()
-        torch.cuda.nvtx.range_pop()
-        if theirs is not None:
-            torch.cuda.nvtx.range_push(f"deep_gemm {shape}")
-            theirs()
+    for shape, variants in calls:
+        for label, call, _ in variants:
+            torch.cuda.nvtx.range_push(f"{label} {shape}")
+            call()
             torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    for shape, _, theirs, out, out_dg in calls:
-        same = "no deep_gemm" if theirs is None else ("bit" if torch.equal(out, out_dg) else "differ")
-        print(f"{shape}: ours vs deep_gemm: {same}")
+    for shape, variants in calls:
+        ref = variants[0][2]
+        for label, _, out in variants[1:]:
+            print(f"{shape}: ours vs {label}: {'bit' if torch.equal(out, ref) else 'differ'}")
+        if dg is None:
+            print(f"{shape}: ours vs deep_gemm: no deep_gemm")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""bench/ncu_probe.py's host side: --ws-stages adds sm90_ws at the dispatch's tile with each ring depth,
+patched inside the call (the profiled launch must read it, and the shipped depth must be back after),
+each variant writing its own NaN-poisoned output. The profiles come from the GPU."""
+
+import torch
+
+from bench import ncu_probe as P
+from rtp_fp8.gemm.triton import sm90_ws as W
+
+
+def test_ring_depth_variants_patch_the_depth_inside_their_call(monkeypatch):
+    monkeypatch.setattr(P.A, "num_sms", lambda index=0: 132)
+    seen = []
+
+    def dispatch(a, sa, b, sb, out=None):
+        seen.append(W.STAGES_HALF[64])
+        out.fill_(1.0)
+
+    monkeypatch.setattr(P.G, "fp8_gemm_nt", dispatch)
+    shipped = W.STAGES_HALF[64]
+    # (128, 4096, K) runs 64x64 tiles on 132 SMs (sm90_ws.tile_shape)
+    assert W.tile_shape(128, 4096, 132) == (64, 64)
+    a, b = torch.empty(128, 128), torch.empty(4096, 128)
+    out = torch.empty(128, 4096)
+    variants = P._variants(a, None, b, None, out, [10, 12], None)
+    assert [label for label, *_ in variants] == ["ours", "ours s10", "ours s12"]
+    assert variants[0][2] is out
+    assert all(torch.isnan(o).all() for *_, o in variants)  # poisoned before any call
+    assert len({id(o) for *_, o in variants}) == 3
+    for _, call, _ in variants:
+        call()
+    assert seen == [shipped, 10, 12] and W.STAGES_HALF[64] == shipped
+    assert all(bool((o == 1).all()) for *_, o in variants)
