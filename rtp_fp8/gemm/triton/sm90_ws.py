@@ -70,7 +70,7 @@ STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside t
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
 # Wide tiles' B scales: loaded a step ahead (carried in registers into the step that uses them) instead of in
 # the step, after its first MMA is issued. At (4096, 7168, 16384) about 5 % of the wide kernel's warp samples
-# were FMULs waiting on those loads (docs/perf.md, 2026-12-04k). Untimed: bench/ws_tiles.py --sb-ahead decides.
+# were FMULs waiting on those loads (docs/perf.md, 2026-12-04k). Untimed: bench/sb_ahead.py decides.
 SB_AHEAD = False
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
