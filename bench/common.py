@@ -44,6 +44,14 @@ def rotated_ms(fn, sets, rep=100) -> float:
     return graph_ms(lambda: [fn(*ops) for ops in sets], rep) / len(sets)
 
 
+def output_of(call, ops, out):
+    """What call(*ops) writes into out, a copy; out is NaN-poisoned first, so that what the call does
+    not write cannot pass for a reference's values."""
+    out.fill_(float("nan"))
+    call(*ops)
+    return out.clone()
+
+
 def copy_ms(nbytes: int, graph: bool = False) -> tuple[float, int]:
     """Device-to-device copy of a bf16 buffer of about nbytes: (median ms, bytes read + written).
     graph=True times CUDA-graph replays (as graph_ms), else eager calls (as median_ms)."""

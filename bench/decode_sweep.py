@@ -49,7 +49,7 @@ from unittest import mock
 
 import torch
 
-from bench.common import dump, environment, graph_ms, operand_sets, rotated_ms
+from bench.common import dump, environment, graph_ms, operand_sets, output_of, rotated_ms
 from bench.gemm import _deepgemm, dense_inputs, masked_inputs, patched
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
@@ -107,10 +107,8 @@ def _tma_mismatch(call, sets):
     a, sa, b, sb, mm, out = sets[0]
     got = []
     for use_tma in (False, True):
-        out.fill_(float("nan"))
         with patched(USE_TMA=use_tma):
-            call(*sets[0])
-        got.append(out.clone())
+            got.append(output_of(call, sets[0], out))
     rows = mm.clamp(0, out.shape[1]).tolist()
     bad = [e for e, r in enumerate(rows) if not torch.equal(got[0][e, :r], got[1][e, :r])]
     return f"differs from the pointer kernel in experts {bad}" if bad else ""
@@ -174,14 +172,6 @@ def _checked_time(call, out, ref, sets=None, what="the Triton split"):
     out.fill_(float("nan"))
     t = _time(call, sets)
     return f"differs from {what}" if isinstance(t, float) and not torch.equal(out, ref) else t
-
-
-def _output(call, ops, out):
-    """What call(*ops) writes into out (poisoned first), a copy."""
-    out.fill_(float("nan"))
-    call(*ops)
-    torch.cuda.synchronize()
-    return out.clone()
 
 
 def _ws_launch(a, sa, b, sb, out, parts, splits, **tile):
@@ -251,11 +241,8 @@ def _tma_shape(m, n, k):
                     cfg = {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages,
                            "GROUP_M": 8}
                     with G.config_override(cfg):
-                        out.fill_(float("nan"))
-                        t = _time(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out))
-                    if isinstance(t, float) and not torch.equal(out, ref):
-                        t = "differs from the Triton split"
-                    r[f"tma 64x{bn} s{stages} k{splits}"] = t
+                        r[f"tma 64x{bn} s{stages} k{splits}"] = _checked_time(
+                            lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), out, ref)
         if splits > 1:
             parts = torch.randn(splits, m, n, device="cuda")
             r[f"reduce k{splits}"] = _time(lambda parts=parts: G._reduce_splits(parts, out))
@@ -381,13 +368,13 @@ def _ring_shape(m, n, k, dg):
                                    sets) * 1e3
     if m <= G.SWAP_MAX_ROWS:
         with patched(USE_WS=False):
-            ref = _output(call, sets[0], out)
+            ref = output_of(call, sets[0], out)
             for stages in (3, 4, 6, 8):
                 with patched(SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages):
                     r[f"swap s{stages}"] = timed(ref)
     bm, bn = W.tile_shape(m, n, A.num_sms(0))
     with patched(USE_SWAP=False):
-        ref = _output(call, sets[0], out)
+        ref = output_of(call, sets[0], out)
         for stages in RING_DEPTHS.get((bm, bn), ()):
             with _ws_ring(bm, bn, stages):
                 r[f"ws {bm}x{bn} s{stages}"] = timed(ref)

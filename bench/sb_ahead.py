@@ -25,7 +25,7 @@ from unittest import mock
 
 import torch
 
-from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, rotated_ms
+from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rotated_ms
 from bench.gemm import DENSE, GROUPED, dense_inputs, grouped_inputs
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -65,12 +65,10 @@ def measure(call, sets, oi, reps):
     for _ in range(reps):
         for on in (False, True):
             with mock.patch.object(W, "SB_AHEAD", on):
-                out.fill_(float("nan"))
-                call(*sets[0])
-                torch.cuda.synchronize()
+                got = output_of(call, sets[0], out)
                 if ref is None:
-                    ref = out.clone()
-                elif not torch.equal(out, ref):
+                    ref = got
+                elif not torch.equal(got, ref):
                     return {"on": "differs from the output with SB_AHEAD off"}
                 times[on].append(rotated_ms(call, sets) * 1e3)
     off, on = statistics.median(times[False]), statistics.median(times[True])

@@ -1,7 +1,7 @@
 """bench.common's operand rotation, host side: how many operand sets a shape gets (enough to move 4x
 the L2 per pass, at most 32; one when warm), that each set is a fresh make(), and that rotated_ms
-reports the time of one call (one call per set in each timed pass). The GPU timings themselves come
-from bench/ runs (docs/perf.md)."""
+reports the time of one call (one call per set in each timed pass); output_of poisons the output
+before the call it records. The GPU timings themselves come from bench/ runs (docs/perf.md)."""
 
 import torch
 
@@ -51,3 +51,17 @@ def test_rotated_ms_is_per_call(monkeypatch):
     calls = []
     assert C.rotated_ms(lambda i, tag: calls.append((i, tag)), [(0, "a"), (1, "b"), (2, "c")], rep=7) == 2.0
     assert calls == [(0, "a"), (1, "b"), (2, "c")] and passes == [7]
+
+
+def test_output_of_poisons_out_first_and_returns_a_copy():
+    """What the call leaves unwritten is NaN, not the values out held before (a reference's)."""
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(7))
+    out = x.clone()
+
+    def half(x, out):
+        out[:2] = x[:2] * 2
+
+    got = C.output_of(half, (x, out), out)
+    assert torch.equal(got[:2], x[:2] * 2) and bool(torch.isnan(got[2:]).all())
+    out.zero_()
+    assert bool(torch.isnan(got[2:]).all())  # a copy: later writes to out do not reach it

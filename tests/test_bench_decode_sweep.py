@@ -35,10 +35,8 @@ def test_a_variant_that_writes_other_rows_is_named():
 
 
 def _ring_fake(monkeypatch):
-    """decode_sweep._time patched where _checked_time uses it: one call over set 0, 5 us; the CUDA
-    synchronize a no-op (CPU tensors)."""
+    """decode_sweep._time patched where _checked_time uses it: one call over set 0, 5 us."""
     monkeypatch.setattr(S, "_time", lambda call, sets=None: call(*sets[0]) or 5.0)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
 
 def test_checked_time_times_a_variant_that_writes_the_reference(monkeypatch):
@@ -50,7 +48,7 @@ def test_checked_time_times_a_variant_that_writes_the_reference(monkeypatch):
     def call(x, out):
         out.copy_(x * 3)
 
-    ref = S._output(call, sets[0], out)
+    ref = S.output_of(call, sets[0], out)
     assert torch.equal(ref, x * 3)
     assert S._checked_time(call, out, ref, sets, "the kernel as shipped") == 5.0
 
