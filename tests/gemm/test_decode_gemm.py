@@ -285,3 +285,113 @@ def test_ws_masked_is_bit_identical_to_triton(monkeypatch, mmax, epilogue, bn, s
     assert calls == [G.MASKED] and cnt.tolist() == [0, 1]
     for i, mm in enumerate(rows):
         assert torch.equal(out2[i, :mm], ref[i, :mm])
+
+
+# ----------------------------------------------------------------------------- dependent launch (DEP_MODE)
+
+
+def test_dependent_launch_only_where_a_gpu_can_run_it(monkeypatch):
+    """DEP_MODE reaches the swapped kernel only where programmatic dependent launch can run (as the
+    split reduction's: SM90+, USE_PDL, a Triton with grid dependency control, not the interpreter)."""
+    dev, b = torch.device("cuda", 0), object()
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(9, 0))
+    assert G._dep_args(dev, b) == {}  # DEP_MODE 0: plain launches
+    monkeypatch.setattr(G, "DEP_MODE", 2)
+    assert G._dep_args(dev, b) == {"DEP": 2, "b_ptr": b, "launch_pdl": True} or not G.HAS_GDC
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(8, 0))
+    assert G._dep_args(dev, b) == {}
+    monkeypatch.setattr(G.A, "detect", lambda device: A.Arch(12, 0))
+    monkeypatch.setattr(G, "USE_PDL", False)
+    assert G._dep_args(dev, b) == {}
+    monkeypatch.setattr(G, "USE_PDL", True)
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: True)
+    assert G._dep_args(dev, b) == {}
+
+
+def _replayed(call, sources, targets, out, fresh):
+    """call captured in a CUDA graph after copies of sources into targets (kernels that write what the
+    GEMM reads); replayed on fresh() sources three times: [(out after the replay, those sources)]."""
+    for t, s in zip(targets, sources):
+        t.copy_(s)
+    call()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t, s in zip(targets, sources):
+            t.copy_(s)
+        call()
+    got = []
+    for _ in range(3):
+        for s, v in zip(sources, fresh()):
+            s.copy_(v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        got.append((out.clone(), [s.clone() for s in sources]))
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dep", [1, 2])
+@pytest.mark.parametrize("m,n,k,splits", [(1, 7168, 2048, None), (16, 4096, 7168, None), (5, 200, 640, 3),
+                                          (33, 136, 384, 2)])
+def test_dense_dependent_launch_reads_what_the_kernel_before_wrote(monkeypatch, dep, m, n, k, splits):
+    """DEP_MODE 1 and 2: the swapped kernel launched dependent on the copy kernels that write its A and
+    scale_a (2: having prefetched its weight rows first), in a CUDA graph replayed on fresh activations.
+    Each replay equals plain launches on those activations bit for bit, and the oracle: a GEMM that read
+    A before the copy landed would show the previous replay's tokens."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90 or newer")
+    monkeypatch.setattr(G, "FORCE_SPLIT_K", splits)
+    monkeypatch.setattr(G, "DEP_MODE", dep)
+    assert G._dep_args(torch.device("cuda"), None) or not G.HAS_GDC  # the dependent launch is on
+    ran = _spy(monkeypatch, "_launch_swap")
+    seed = iter(range(m * 1000 + n, m * 1000 + n + 100))
+    _, _, b, sb = _dense(m, n, k, "fp32", "cuda", seed=next(seed))
+    src = list(_dense(m, n, k, "fp32", "cuda", seed=next(seed))[:2])
+    a, sa = torch.empty_like(src[0]), torch.empty_strided(src[1].shape, src[1].stride(), device="cuda")
+    buf, out = _out((m, n), "cuda")
+    got = _replayed(lambda: G.fp8_gemm_nt(a, sa, b, sb, out=out), src, (a, sa), out,
+                    lambda: _dense(m, n, k, "fp32", "cuda", seed=next(seed))[:2])
+    assert ran and all(ran)
+    monkeypatch.setattr(G, "DEP_MODE", 0)
+    for res, (a1, sa1) in got:
+        assert torch.isnan(buf[:, n:]).all()
+        assert torch.equal(res, G.fp8_gemm_nt(a1, sa1, b, sb))
+        assert rel_l2(res.cpu(), GR.gemm_nt_ref(a1, sa1, b, sb).cpu()) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dep", [1, 2])
+def test_masked_dependent_launch_reads_what_the_kernel_before_wrote(monkeypatch, dep):
+    """As the dense test, masked: the kernels before write A and masked_m (read after the wait); rows
+    past each replay's masked_m stay NaN."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90 or newer")
+    monkeypatch.setattr(G, "DEP_MODE", dep)
+    e, mmax, n, k = 6, 48, 392, 512
+    seeds = iter(range(100, 200))
+    _, _, b, sb = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=next(seeds))
+    gen = torch.Generator().manual_seed(dep)
+
+    def fresh():
+        a1, sa1 = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=next(seeds))[:2]
+        return a1, sa1, torch.randint(0, mmax + 1, (e,), generator=gen, dtype=torch.int32).to("cuda")
+
+    src = list(fresh())
+    a, sa, masked = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in src)
+    ran = _spy(monkeypatch, "_launch_swap")
+    buf, out = _out((e, mmax, n), "cuda")
+    got = _replayed(lambda: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=16, out=out), src,
+                    (a, sa, masked), out, fresh)
+    assert ran and all(ran)
+    monkeypatch.setattr(G, "DEP_MODE", 0)
+    for res, (a1, sa1, m1) in got:
+        ref = G.m_grouped_fp8_gemm_nt_masked(a1, sa1, b, sb, m1, expected_m=16)
+        oracle = GR.grouped_masked_ref(a1, sa1, b, sb, m1)
+        assert torch.isnan(buf[..., n:]).all()
+        for i, mm in enumerate(m1.tolist()):
+            assert torch.isnan(res[i, mm:]).all()
+            assert torch.equal(res[i, :mm], ref[i, :mm])
+            if mm:
+                assert rel_l2(res[i, :mm].cpu(), oracle[i, :mm]) <= TOL
