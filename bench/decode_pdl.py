@@ -57,19 +57,20 @@ def kernel(m, n, k):
     return "sm90_ws" if G.ws_before_swap(m, n, k, torch.device("cuda")) else "swap"
 
 
-def measure(sets, reps):
-    """{mode: median us of the chain}, each rep's times, or {error: why}: modes in turn, reps times."""
+def measure(call, sets, oi, reps):
+    """{chain_us: {mode: median us}, chain_reps_us: each rep's}, or {error: why}: call(*ops) timed with
+    DEP_MODE 0, 1, 2 in turn, reps times; each mode's output (ops[oi]) on set 0 must equal mode 0's."""
     times = {mode: [] for mode in MODES}
     ref = None
     for _ in range(reps):
         for mode in MODES:
             with mock.patch.object(G, "DEP_MODE", mode):
-                got = output_of(chain, sets[0], sets[0][5])
+                got = output_of(call, sets[0], sets[0][oi])
                 if ref is None:
                     ref = got
                 elif not torch.equal(got, ref):
                     return {"error": f"DEP_MODE {mode}'s output differs from DEP_MODE 0's"}
-                times[mode].append(rotated_ms(chain, sets) * 1e3)
+                times[mode].append(rotated_ms(call, sets) * 1e3)
     return {"chain_us": {m: statistics.median(t) for m, t in times.items()}, "chain_reps_us": times}
 
 
@@ -85,7 +86,7 @@ def main():
         w_bytes = n * k + (n // 128) * (k // 128) * 4
         r = {"shape": [m, n, k], "kernel": kernel(m, n, k), "operand_sets": len(sets),
              "quant_us": rotated_ms(quant, sets) * 1e3, "memory_bound_us": w_bytes / (copy_gbs * 1e3),
-             **measure(sets, args.reps)}
+             **measure(chain, sets, 5, args.reps)}
         if "chain_us" in r:
             r["gemm_us"] = {mode: t - r["quant_us"] for mode, t in r["chain_us"].items()}
             r["gemm_vs_memory_bound"] = {mode: t / r["memory_bound_us"] for mode, t in r["gemm_us"].items()}
