@@ -8,11 +8,12 @@ Timed per operand set: the chain per_token_group_quant_into(x -> a, sa) then fp8
 in one CUDA graph, over operand sets rotated past the L2 (bench.common.operand_sets: the weights
 come from device memory), with DEP_MODE 0 (plain launches), 1 (the GEMM launched dependent, waiting
 for the quantization before its first load: the launch overlaps the quantization's tail) and 2 (as
-1, having first asked the L2 for its weight rows), in turn `--reps` times (medians of each rep's
+1, having first asked the L2 for its weight rows), each also with the quantization letting its
+dependents launch at its start (token_group.PDL_TRIGGER: modes d1t, d2t), in turn `--reps` times (medians of each rep's
 CUDA-graph median). The quantization alone is timed too; chain - quant is the GEMM's share. The
 memory-bound time is the weight bytes (values and scales) over the copy bandwidth measured in the
 same run (bytes read + written / time, so a read of W bytes takes W / that). Every mode's output must
-equal mode 0's bit for bit (the same products and sums), else the row says so. Shapes whose dispatch
+equal plain launches' bit for bit (the same products and sums), else the row says so. Shapes whose dispatch
 does not take the swapped kernel (sm90_ws at 64 rows and N=7168) run the same kernel in every mode
 and say so.
 """
@@ -31,7 +32,7 @@ from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.quant import block as QB
 from rtp_fp8.quant import token_group as QT
 
-MODES = (0, 1, 2)
+MODES = {"d0": (0, False), "d1": (1, False), "d2": (2, False), "d1t": (1, True), "d2t": (2, True)}
 SHAPES = [(m, n, k) for m in (1, 16, 64) for n, k in EXPERT_NK]
 
 
@@ -58,18 +59,19 @@ def kernel(m, n, k):
 
 
 def measure(call, sets, oi, reps):
-    """{chain_us: {mode: median us}, chain_reps_us: each rep's}, or {error: why}: call(*ops) timed with
-    DEP_MODE 0, 1, 2 in turn, reps times; each mode's output (ops[oi]) on set 0 must equal mode 0's."""
+    """{chain_us: {mode: median us}, chain_reps_us: each rep's}, or {error: why}: call(*ops) timed in
+    each of MODES (block_scaled.DEP_MODE, token_group.PDL_TRIGGER) in turn, reps times; each mode's
+    output (ops[oi]) on set 0 must equal the first mode's (plain launches) bit for bit."""
     times = {mode: [] for mode in MODES}
     ref = None
     for _ in range(reps):
-        for mode in MODES:
-            with mock.patch.object(G, "DEP_MODE", mode):
+        for mode, (dep, trigger) in MODES.items():
+            with mock.patch.object(G, "DEP_MODE", dep), mock.patch.object(QT, "PDL_TRIGGER", trigger):
                 got = output_of(call, sets[0], sets[0][oi])
                 if ref is None:
                     ref = got
                 elif not torch.equal(got, ref):
-                    return {"error": f"DEP_MODE {mode}'s output differs from DEP_MODE 0's"}
+                    return {"error": f"mode {mode}'s output differs from plain launches'"}
                 times[mode].append(rotated_ms(call, sets) * 1e3)
     return {"chain_us": {m: statistics.median(t) for m, t in times.items()}, "chain_reps_us": times}
 

@@ -395,3 +395,44 @@ def test_masked_dependent_launch_reads_what_the_kernel_before_wrote(monkeypatch,
             assert torch.equal(res[i, :mm], ref[i, :mm])
             if mm:
                 assert rel_l2(res[i, :mm].cpu(), oracle[i, :mm]) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dep", [1, 2])
+@pytest.mark.parametrize("m,n,k", [(1, 7168, 2048), (16, 4096, 7168), (64, 256, 1024)])
+def test_gemm_dependent_on_a_quantization_that_triggers_at_its_start(monkeypatch, dep, m, n, k):
+    """token_group.PDL_TRIGGER lets the GEMM launch while the quantization that writes its A still runs;
+    the GEMM's wait must still see every row the quantization wrote. A CUDA graph of quantize -> GEMM
+    replayed on fresh activations equals plain launches bit for bit."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs SM90 or newer")
+    monkeypatch.setattr(G, "DEP_MODE", dep)
+    monkeypatch.setattr(T, "PDL_TRIGGER", True)
+    assert T._trigger_args(torch.device("cuda")) == {"TRIGGER": True} or not G.HAS_GDC
+    gen = torch.Generator().manual_seed(m + n + dep)
+    fresh = lambda: torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)  # noqa: E731
+    _, _, b, sb = _dense(m, n, k, "fp32", "cuda", seed=n)
+    x = fresh()
+    a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma", backend="triton")
+    buf, out = _out((m, n), "cuda")
+
+    def step():
+        T.per_token_group_quant_into(x, a, sa, 128, scale_layout="col_tma", backend="triton")
+        G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        x.copy_(fresh())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(G, "DEP_MODE", 0)
+        monkeypatch.setattr(T, "PDL_TRIGGER", False)
+        a1, sa1 = T.per_token_group_quant(x, 128, scale_layout="col_tma", backend="triton")
+        assert torch.equal(out, G.fp8_gemm_nt(a1, sa1, b, sb))
+        assert torch.isnan(buf[:, n:]).all()
+        monkeypatch.setattr(G, "DEP_MODE", dep)
+        monkeypatch.setattr(T, "PDL_TRIGGER", True)
