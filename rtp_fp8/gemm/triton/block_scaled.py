@@ -693,7 +693,7 @@ def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div)
         target, sa, sb, grp, m, n, k, d_m, d_n, d_e, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode, BLOCK_N=bn, BLOCK_T=bt, STAGES=stages,
         SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0, num_warps=4,
-        **_pdl_args(out.device, splits > 1), **_dep_args(out.device, b2),
+        **{**_pdl_args(out.device, splits > 1), **_dep_args(out.device, b2)},
     )
     if splits > 1:
         _reduce_splits(target, out)
