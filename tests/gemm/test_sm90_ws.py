@@ -257,17 +257,15 @@ def test_grouped_contiguous_is_bit_identical_to_triton(monkeypatch, k, reps):
 @pytest.mark.gpu_sm90
 @pytest.mark.parametrize("m,n,k", [(1100, 2000, 1664), (4096, 2112, 640), (1536, 1408, 128)])
 @pytest.mark.parametrize("epilogue", ["tma", "pointer"])
-@pytest.mark.parametrize("sb_ahead", [False, True])
-def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue, sb_ahead):
+def test_wide_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, epilogue):
     """The 128x256 experiment (sm90_ws.WIDE_BN), launched directly: N=2000 ends in a partial second
     half, N=2112 in a tile whose second half lies past N (not computed from real data, not
-    stored), N=1408 in whole halves; guard columns stay poisoned. sb_ahead: B scales loaded a step
-    ahead (sm90_ws.SB_AHEAD), K of 1, 5 and 13 blocks (the last step loads none)."""
+    stored), N=1408 in whole halves; guard columns stay poisoned."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + k + 1)
     pad = 8 if epilogue == "tma" else 3
     buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
-    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=W.WIDE_BN, sb_ahead=sb_ahead)
+    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=W.WIDE_BN)
     ref = _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)
     assert torch.equal(out, ref)
     assert bool(torch.isnan(buf[:, n:]).all())
@@ -367,15 +365,13 @@ def test_column_split_is_the_dispatch_on_each_column_range(monkeypatch, epilogue
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("n,bn,sb_ahead", [(2048, 256, False), (2112, 256, False), (2048, 64, False),
-                                            (2080, 64, False), (2048, 256, True), (2112, 256, True)])
-def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, n, bn, sb_ahead):
+@pytest.mark.parametrize("n,bn", [(2048, 256), (2112, 256), (2048, 64), (2080, 64)])
+def test_wide_and_narrow_grouped_tiles_are_bit_identical_to_triton(monkeypatch, n, bn):
     """Wide and narrow contiguous tiles, launched directly: padding rows, an out-of-range id and empty
     experts, counters (counted once per row tile, not per narrow tile); N=2112 (wide) and N=2080
-    (narrow) put the next expert's B rows in the last tile, which must not reach the output. sb_ahead:
-    wide tiles' B scales a step ahead (tiles without an expert run no step and load none)."""
+    (narrow) put the next expert's B rows in the last tile, which must not reach the output."""
     ids, a, sa, b, sb, out, cnt = _grouped_case(n, 1152, seed=n + bn)
-    W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, out, bn=bn, sb_ahead=sb_ahead)
+    W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, out, bn=bn)
     cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
     ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a, sa, b, sb, ids, counters=cnt_ref)
     assert torch.equal(out, ref) and torch.equal(cnt, cnt_ref)

@@ -35,7 +35,7 @@ import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
-                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None, sb_ahead=int(sys.argv[8]))
+                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -45,18 +45,14 @@ H = sm90_ws.HALF_BM
 
 
 def _compile(tmp_path, *args):
-    """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows, sb_ahead) -> its
-    PTX."""
+    """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows) -> its PTX."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
     return (tmp_path / "kernel.ptx").read_text()
 
 
-W = sm90_ws.WIDE_BN
-
-
-@pytest.mark.parametrize("mode,epi_tma,bn,split,bm,a_rows,sb_ahead", [a + (0, 0) for a in [
+@pytest.mark.parametrize("mode,epi_tma,bn,split,bm,a_rows", [a + (0, ) for a in [
     (0, 0, 128, 0, 128), (0, 1, 128, 0, 128), (1, 0, 128, 0, 128), (1, 1, 128, 0, 128), (2, 0, 128, 0, 128),
     (2, 1, 128, 0, 128), (0, 0, 128, 1, 128),
     (0, 0, sm90_ws.WIDE_BN, 0, 128), (0, 1, sm90_ws.WIDE_BN, 0, 128), (1, 0, sm90_ws.WIDE_BN, 0, 128),
@@ -64,20 +60,16 @@ W = sm90_ws.WIDE_BN
     (0, 1, sm90_ws.NARROW_BN, 0, 128), (0, 0, sm90_ws.NARROW_BN, 1, 128), (1, 1, sm90_ws.NARROW_BN, 0, 128),
     (2, 0, sm90_ws.NARROW_BN, 0, 128), (2, 1, sm90_ws.NARROW_BN, 0, 128),
     (0, 1, 128, 0, H), (0, 1, 64, 0, H), (0, 0, 64, 0, H), (0, 0, 128, 1, H), (0, 0, 64, 1, H)]] + [
-    (0, 1, 64, 0, H, 16, 0), (0, 0, 128, 1, H, 32, 0)] + [
-    (0, 0, W, 0, 128, 0, 1), (0, 1, W, 0, 128, 0, 1), (1, 0, W, 0, 128, 0, 1), (2, 1, W, 0, 128, 0, 1)],
+    (0, 1, 64, 0, H, 16), (0, 0, 128, 1, H, 32)],
     ids=["dense", "dense-tma_store", "contiguous", "contiguous-tma_store", "masked", "masked-tma_store",
          "dense-split_k", "wide-dense", "wide-dense-tma_store", "wide-contiguous", "wide-masked-tma_store",
          "narrow-dense-tma_store", "narrow-dense-split_k", "narrow-contiguous-tma_store", "narrow-masked",
          "narrow-masked-tma_store", "half128-dense-tma_store", "half64-dense-tma_store", "half64-dense",
-         "half128-dense-split_k", "half64-dense-split_k", "half64-a16-dense-tma_store", "half128-a32-dense-split_k",
-         "wide-dense-sb_ahead", "wide-dense-tma_store-sb_ahead", "wide-contiguous-sb_ahead",
-         "wide-masked-tma_store-sb_ahead"])
-def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_rows, sb_ahead):
+         "half128-dense-split_k", "half64-dense-split_k", "half64-a16-dense-tma_store", "half128-a32-dense-split_k"])
+def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_rows):
     """Every variant launch() can run (wide contiguous tiles keep pointer stores; 64-row tiles are
-    dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows; wide tiles may load their B scales a
-    step ahead, sm90_ws.SB_AHEAD)."""
-    ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, a_rows, sb_ahead)
+    dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows)."""
+    ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, a_rows)
     wide = bn == sm90_ws.WIDE_BN
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
@@ -100,8 +92,6 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
         2 * 2 * 4 if wide else consumers * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
-    if wide and mode == 0:  # each consumer's two B-scale loads in the K step, and with sb_ahead its first pair
-        assert ptx.count("ld.global") == (8 if sb_ahead else 4)
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -118,7 +108,7 @@ def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_pat
     def syncs(text):
         return sum(1 for line in text.splitlines() if SYNC.match(line))
 
-    ptx = _compile(tmp_path, 0, 1, 64, 0, H, 0, 0)
+    ptx = _compile(tmp_path, 0, 1, 64, 0, H, 0)
     no_wait, n_wait = strip_syncs(ptx)
     no_sync, n_all = strip_syncs(ptx, ("mbarrier.try_wait", "mbarrier.arrive.shared"))
     assert (n_wait, n_all) == (3, 6)

@@ -68,10 +68,6 @@ NARROW_BN = 64
 STAGES = 5  # bench/decode_sweep.py --only ring, weights in device memory: 5 beat 4 (docs/perf.md, 2026-12-04k)
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
-# Wide tiles' B scales: loaded a step ahead (carried in registers into the step that uses them) instead of in
-# the step, after its first MMA is issued. At (4096, 7168, 16384) about 5 % of the wide kernel's warp samples
-# were FMULs waiting on those loads (docs/perf.md, 2026-12-04k). Untimed: bench/sb_ahead.py decides.
-SB_AHEAD = False
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
 # (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
@@ -141,13 +137,11 @@ def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, str
 
 
 @gluon.jit
-def _step_wide(c: gl.constexpr, kb, g, acc0, acc1, sbs, ring, sb_row, stride_sbn, stride_sbk, hi_ok, k_end, zero,
-               row_layout: gl.constexpr, SB_AHEAD: gl.constexpr):
+def _step_wide(c: gl.constexpr, kb, g, acc0, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
+               row_layout: gl.constexpr):
     """K step kb (ring step g) of a 256-column tile: per 128-column half, its wgmma, waited, then
-    promoted with the half's B scale -> (acc0, acc1, next sbs, g + 1). A second half past N (hi_ok
-    false) multiplies TMA's zero fill with a zero scale (its scale row does not exist) and is not
-    stored. SB_AHEAD: sbs holds this step's two B scales, loaded a step ago, and the step loads
-    step kb + 1's (none past k_end) for the next; else it loads its own after issuing the MMA."""
+    promoted with the half's B scale -> (acc0, acc1, g + 1). A second half past N (hi_ok false)
+    multiplies TMA's zero fill with a zero scale (its scale row does not exist) and is not stored."""
     a_bufs, b_bufs, sa_bufs, full, empty = ring
     NSTAGES: gl.constexpr = full.shape[0]
     s = g % NSTAGES
@@ -156,12 +150,8 @@ def _step_wide(c: gl.constexpr, kb, g, acc0, acc1, sbs, ring, sb_row, stride_sbn
     b = b_bufs.index(s)
     tok = warpgroup_mma(a, b.slice(0, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
     sa = sa_bufs.index(s).slice(c * 64, 64).load(row_layout)
-    if SB_AHEAD:
-        sb0, sb1 = sbs
-        sbs = _wide_scales(sb_row, kb + 1, k_end, stride_sbn, stride_sbk, hi_ok)
-    else:
-        sb0 = gl.load(sb_row + kb * stride_sbk)
-        sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=hi_ok, other=0.0)
+    sb0 = gl.load(sb_row + kb * stride_sbk)
+    sb1 = gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=hi_ok, other=0.0)
     part = warpgroup_mma_wait(0, deps=(tok, ))
     acc0 = acc0 + part * gl.expand_dims(sa * sb0, 1)
     # The second MMA writes into `part`'s registers (use_acc=False: their values are not read), so
@@ -170,16 +160,7 @@ def _step_wide(c: gl.constexpr, kb, g, acc0, acc1, sbs, ring, sb_row, stride_sbn
     part = warpgroup_mma_wait(0, deps=(tok, ))
     mbarrier.arrive(empty.index(s), count=1)
     acc1 = acc1 + part * gl.expand_dims(sa * sb1, 1)
-    return acc0, acc1, sbs, g + 1
-
-
-@gluon.jit
-def _wide_scales(sb_row, kb, k_end, stride_sbn, stride_sbk, hi_ok):
-    """K block kb's B scales of a 256-column tile's two halves: zeros for a half past N (hi_ok false)
-    and for kb at k_end (none to load)."""
-    ok = kb < k_end
-    return (gl.load(sb_row + kb * stride_sbk, mask=ok, other=0.0),
-            gl.load(sb_row + stride_sbn + kb * stride_sbk, mask=ok & hi_ok, other=0.0))
+    return acc0, acc1, g + 1
 
 
 @gluon.jit
@@ -270,7 +251,7 @@ def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r
 
 @gluon.jit
 def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, MODE: gl.constexpr,
-                  EPI_TMA: gl.constexpr, SB_AHEAD: gl.constexpr):
+                  EPI_TMA: gl.constexpr):
     """Consumer c's share of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
     out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials. A 128-row
     tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer."""
@@ -309,10 +290,9 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
     else:
         acc1 = zero
         hi_ok = col0 + 128 < N
-        sbs = _wide_scales(sb_row, k_lo, k_lo + nk, stride_sbn, stride_sbk, hi_ok) if SB_AHEAD else (0.0, 0.0)
         for kb in range(k_lo, k_lo + nk):
-            acc, acc1, sbs, g = _step_wide(c, kb, g, acc, acc1, sbs, ring, sb_row, stride_sbn, stride_sbk, hi_ok,
-                                           k_lo + nk, zero, row_layout, SB_AHEAD)
+            acc, acc1, g = _step_wide(c, kb, g, acc, acc1, ring, sb_row, stride_sbn, stride_sbk, hi_ok, zero,
+                                      row_layout)
         _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
         if hi_ok:
@@ -327,7 +307,6 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
-    SB_AHEAD: gl.constexpr = cfg.shape[2] - 1
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -343,15 +322,14 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
             g = _consume_tile(c, e * M + pid_m * 128, e * M + mm, pid_n, e, 0, gl.cdiv(K, 128), g, descs, bufs, ptrs,
-                              dims, MODE, EPI_TMA, SB_AHEAD)
+                              dims, MODE, EPI_TMA)
             tile += nprog
             e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
             part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
-            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA,
-                              SB_AHEAD)
+            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
     if EPI_TMA == 1:
         tma.store_wait(0)
 
@@ -426,7 +404,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
                     stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
                     STAGES: gl.constexpr, MODE: gl.constexpr,
-                    EPI_TMA: gl.constexpr, SB_AHEAD: gl.constexpr, num_warps: gl.constexpr):
+                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
@@ -444,10 +422,8 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
         mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE, EPI_TMA and SB_AHEAD travel as cfg's shape (12 bytes of shared memory
-    # at most).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_AHEAD + 1],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
@@ -600,14 +576,13 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None, sb_ahead=None):
+           splits=1, bm=None, stages=None, a_rows=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
-    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_ahead: wide tiles load
-    their B scales a step ahead (default SB_AHEAD)."""
+    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -637,13 +612,12 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows)
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
-                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma),
-                               SB_AHEAD=int(SB_AHEAD if sb_ahead is None else sb_ahead), num_warps=4,
+                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
                                maxnreg=168)
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_ahead=0):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
     import triton
@@ -656,7 +630,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "SB_AHEAD": sb_ahead, "num_warps": 4}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
