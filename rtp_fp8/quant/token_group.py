@@ -26,7 +26,6 @@ from triton.language.extra import libdevice
 
 from rtp_fp8 import triton_env
 from rtp_fp8.quant import layout as L
-from rtp_fp8.triton_env import gdc_launch_dependents
 
 OUT_DTYPES = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
 IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -108,15 +107,11 @@ def _per_token_group_quant_kernel(
     NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
     POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr, SILU_MUL: tl.constexpr = False,
     CUDA_EXP: tl.constexpr = True, rows_ptr=None, rows_per_expert=1, SKIP: tl.constexpr = 0,
-    TRIGGER: tl.constexpr = False,
 ):
     """Rows of x (or, with SILU_MUL, bf16(silu(x[:, :up_off]) * x[:, up_off:])) per group.
     SKIP 1: rows whose id in rows_ptr is negative (contiguous padding) are skipped; SKIP 2: row r
     is skipped when r % rows_per_expert >= rows_ptr[r // rows_per_expert] (masked_m). Skipped rows
-    are neither read nor written. TRIGGER (PDL_TRIGGER): a kernel launched dependent on this one may
-    start launching at once (it must wait for this grid before it reads what this grid writes)."""
-    if TRIGGER:
-        gdc_launch_dependents()
+    are neither read nor written."""
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -336,19 +331,8 @@ def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0,
         OUT_DTYPES[q2.dtype], up_off, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
         POW2=pow2, PACKED=packed, INT8=q2.dtype == torch.int8, SILU_MUL=up_off > 0,
         CUDA_EXP=not triton_env.interpreting(), rows_ptr=rows_ptr, rows_per_expert=rows_per_expert, SKIP=mode,
-        num_warps=warps, num_stages=stages, **_trigger_args(x2.device),
+        num_warps=warps, num_stages=stages,
     )
-
-
-PDL_TRIGGER = False  # an experiment (bench/decode_pdl.py): the tile kernel lets dependents launch at its start
-
-
-def _trigger_args(device) -> dict:
-    """TRIGGER where PDL_TRIGGER is on and a dependent launch can run (SM90+, grid dependency control,
-    not the interpreter)."""
-    if not (PDL_TRIGGER and triton_env.HAS_GDC) or triton_env.interpreting() or device.type != "cuda":
-        return {}
-    return {"TRIGGER": True} if torch.cuda.get_device_capability(device)[0] >= 9 else {}
 
 
 def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group_size: int = 128,

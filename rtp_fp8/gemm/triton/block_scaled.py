@@ -252,19 +252,12 @@ def _fp8_gemm_tma_kernel(
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Ask the L2 for the 128-byte lines at ptrs (no data comes back; nothing waits for them)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _fp8_gemm_swap_kernel(
     a_desc, b_desc, d_ptr, sa_ptr, sb_ptr, grp_ptr,
     M, N, K, stride_dm, stride_dn, stride_de, stride_sae, stride_sam, stride_sak, stride_sbe, stride_sbn, stride_sbk,
     SB_ROW_DIV: tl.constexpr, PACKED_A: tl.constexpr, PACKED_B: tl.constexpr, MODE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STAGES: tl.constexpr, SPLIT_K: tl.constexpr, stride_ws,
-    PDL: tl.constexpr = False, b_ptr=None, DEP: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     """Few rows (decode): D^T = B @ A^T, weight rows on the MMA's M side (BLOCK_N of them) and the
     token rows on its N side (BLOCK_T, down to 16), so that a handful of tokens does not pad a
@@ -274,9 +267,7 @@ def _fp8_gemm_swap_kernel(
     rows past masked_m read the next expert's rows and are not stored). Each 128-K step promotes
     with scale_a x scale_b as the other kernels do. PDL (dense splits, one wave of programs): the
     split reduction, launched dependent on this kernel, may start launching at once; it waits for
-    this grid to finish before it reads a partial. DEP (launched dependent on the kernel before it,
-    DEP_MODE): 1 waits for that grid before its first load; 2 first asks the L2 for this program's
-    weight rows (b_ptr, read by no kernel before it), then waits."""
+    this grid to finish before it reads a partial."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -287,12 +278,6 @@ def _fp8_gemm_swap_kernel(
     per_split = tl.cdiv(nk, SPLIT_K)
     k_lo = split * per_split
     k_hi = tl.minimum(nk, k_lo + per_split)
-    if DEP == 2:
-        w_rows = tl.program_id(2) * N + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-        for kb in range(k_lo, k_hi):
-            _prefetch_l2(b_ptr + w_rows.to(tl.int64) * K + kb * 128)
-    if DEP != 0:
-        gdc_wait()
     if MODE == 2:
         e = tl.program_id(2)
         m_end = tl.minimum(tl.maximum(tl.load(grp_ptr + e), 0), M)
@@ -687,13 +672,12 @@ def _launch_swap(mode, a, sa, b, sb, grp, out, rows, packed_a, packed_b, sb_div)
     (sa_e, sa_m, sa_k), (sb_e, sb_n, sb_k), (d_e, d_m, d_n) = _strides3(sa), _strides3(sb), _strides3(out)
     if splits > 1:
         d_e, d_m, d_n = 0, target.stride(1), target.stride(2)
-    b2 = b.reshape(-1, k)
     _fp8_gemm_swap_kernel[grid](
-        TensorDescriptor.from_tensor(a2, [bt, GRAN]), TensorDescriptor.from_tensor(b2, [bn, GRAN]),
+        TensorDescriptor.from_tensor(a2, [bt, GRAN]), TensorDescriptor.from_tensor(b.reshape(-1, k), [bn, GRAN]),
         target, sa, sb, grp, m, n, k, d_m, d_n, d_e, sa_e, sa_m, sa_k, sb_e, sb_n, sb_k,
         SB_ROW_DIV=sb_div, PACKED_A=packed_a, PACKED_B=packed_b, MODE=mode, BLOCK_N=bn, BLOCK_T=bt, STAGES=stages,
         SPLIT_K=splits, stride_ws=target.stride(0) if splits > 1 else 0, num_warps=4,
-        **{**_pdl_args(out.device, splits > 1), **_dep_args(out.device, b2)},
+        **_pdl_args(out.device, splits > 1),
     )
     if splits > 1:
         _reduce_splits(target, out)
@@ -709,17 +693,6 @@ def _pdl_args(device: torch.device, on: bool = True) -> dict:
     if not (on and USE_PDL and HAS_GDC) or triton_env.interpreting() or A.detect(device).major < 9:
         return {}
     return {"PDL": True, "launch_pdl": True}
-
-
-DEP_MODE = 0  # the swapped kernel launched dependent on the kernel before it (an experiment, bench/decode_pdl.py):
-# 1 waits for that grid first, 2 first prefetches its weight rows into the L2 (_fp8_gemm_swap_kernel's DEP)
-
-
-def _dep_args(device: torch.device, b) -> dict:
-    """The swapped kernel's DEP arguments: DEP_MODE's dependent launch where _pdl_args would launch one."""
-    if not DEP_MODE or not _pdl_args(device):
-        return {}
-    return {"DEP": DEP_MODE, "b_ptr": b, "launch_pdl": True}
 
 
 def _reduce_splits(ws, out):
