@@ -11,7 +11,7 @@ and empty experts (counters too); and within 5e-3 relative L2 of the float64 ora
 import pytest
 import torch
 
-from helpers import rel_l2
+from helpers import masked_operands, rel_l2
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -388,3 +388,36 @@ def test_dispatch_splits_as_the_plan_counts(monkeypatch, m, n, k, grid):
     b = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     assert W.grid(m, n, k, 132) == grid
     assert G.ws_splits(G.DENSE, a, b) == grid[3]
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k,bn,bm", [(128, 4096, 1664, 128, 64), (64, 7168, 2048, 64, 64),
+                                         (256, 2000, 1664, 128, 128), (4096, 2048, 640, 256, 128),
+                                         (1100, 2000, 1664, 256, 128)])
+def test_sb_prefetch_is_bit_identical(monkeypatch, m, n, k, bn, bm):
+    """SB_PREFETCH only asks the L2 for lines the consumers read anyway: every tile shape (64-row,
+    128-row, wide with a second half past N) gives the Triton kernel's output bit for bit; guard
+    columns stay poisoned."""
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
+    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, sb_prefetch=True)
+    assert torch.equal(out, _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb))
+    assert bool(torch.isnan(buf[:, n:]).all())
+
+
+@pytest.mark.gpu_sm90
+def test_sb_prefetch_grouped_and_masked_are_bit_identical(monkeypatch):
+    """The producer's prefetch in the contiguous and masked walks (per-expert B-scale rows)."""
+    monkeypatch.setattr(W, "SB_PREFETCH", True)
+    e, mmax, n, k = 5, 256, 2112, 640
+    a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=7)
+    masked = torch.tensor([0, 1, 200, mmax, 129], dtype=torch.int32, device="cuda")
+    got = G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=256)
+    ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_masked, a, sa, b, sb, masked, expected_m=256)
+    for i, mm in enumerate(masked.tolist()):
+        assert torch.equal(got[i, :mm], ref[i, :mm])
+    ids = torch.arange(4, dtype=torch.int32, device="cuda").repeat_interleave(256)
+    a2, sa2, b2, sb2 = _ops(1024, 2048, 640, "cuda", e=4, seed=11)
+    got = G.m_grouped_fp8_gemm_nt_contiguous(a2, sa2, b2, sb2, ids)
+    assert torch.equal(got, _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a2, sa2, b2, sb2, ids))

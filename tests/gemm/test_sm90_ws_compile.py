@@ -35,7 +35,8 @@ import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
-                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None)
+                               bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None,
+                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else 0)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -118,3 +119,18 @@ def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_pat
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", str(tmp_path / "edited.ptx"), "-o",
                           str(tmp_path / "edited.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("mode,bn,bm", [(0, 128, 128), (0, sm90_ws.WIDE_BN, 128), (0, sm90_ws.NARROW_BN, H),
+                                        (0, 128, H), (1, 128, 128), (2, 128, 128)])
+def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
+    """SB_PREFETCH (an experiment): the producer's L2 prefetch of the tile's B-scale row(s), one per
+    row in the PTX (two for a wide tile), through ptxas for sm_90a with no spills; with it off the
+    kernel has none."""
+    ptx = _compile(tmp_path, mode, 0, bn, 0, bm, 0, 1)
+    assert ptx.count("prefetch.global.L2") == (2 if bn == sm90_ws.WIDE_BN else 1)
+    res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
+                          str(tmp_path / "check.cubin")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
+    assert "prefetch.global.L2" not in _compile(tmp_path, mode, 0, bn, 0, bm, 0, 0)

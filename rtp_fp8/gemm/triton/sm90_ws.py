@@ -68,6 +68,10 @@ NARROW_BN = 64
 STAGES = 5  # bench/decode_sweep.py --only ring, weights in device memory: 5 beat 4 (docs/perf.md, 2026-12-04k)
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
+# The producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a ring ahead of the
+# consumers' loads of them (an experiment: the ring profile put FMULs waiting on those loads,
+# docs/perf.md, 2026-12-05 tenth session). Off: the kernel is unchanged.
+SB_PREFETCH = False
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
 # (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
@@ -345,6 +349,27 @@ def _consumer1(descs, bufs, ptrs, dims, cfg):
 
 
 @gluon.jit
+def _prefetch_l2(ptr):
+    """Ask the L2 for the 128-byte line at ptr (nothing comes back; nothing waits for it)."""
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_scales(sb_ptr, e, col0, k_lo, nk, N, TN: gl.constexpr, stride_sbe, stride_sbn, stride_sbk):
+    """The L2 lines of the B scales a tile of TN columns from col0 reads over K blocks k_lo ..
+    k_lo + nk - 1 (every 16th block where they are contiguous, else each)."""
+    step = 16 if stride_sbk == 1 else 1
+    sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn
+    for kb in range(k_lo, k_lo + nk, step):
+        _prefetch_l2(sb_row + kb * stride_sbk)
+    if TN > 128:
+        if col0 + 128 < N:
+            for kb in range(k_lo, k_lo + nk, step):
+                _prefetch_l2(sb_row + stride_sbn + kb * stride_sbk)
+
+
+@gluon.jit
 def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
     """The TMA loads of one tile's K blocks k_lo .. k_lo + nk - 1 (A rows from row0, its scale run
     from sa0) -> g."""
@@ -376,6 +401,7 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
 def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
+    PF: gl.constexpr = cfg.shape[2] - 1  # SB_PREFETCH
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -390,6 +416,8 @@ def _produce(descs, bufs, ptrs, dims, cfg):
         e, base, mm = _seek(tile, pid * 0, pid * 0, _expert_rows(grp_ptr, pid * 0, E, M), grp_ptr, E, M, tiles_n)
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
+            if PF:
+                _prefetch_scales(sb_ptr, e, pid_n * TN, 0, gl.cdiv(K, 128), N, TN, stride_sbe, stride_sbn, stride_sbk)
             g = _produce_tile(e * M + pid_m * 128, e * stride_sae + pid_m * 128, pid_n, e, 0, gl.cdiv(K, 128), g,
                               descs, bufs, N, m_pad)
             tile += nprog
@@ -397,6 +425,8 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
+            if PF:
+                _prefetch_scales(sb_ptr, e, pid_n * TN, k_lo, nk, N, TN, stride_sbe, stride_sbn, stride_sbk)
             g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
@@ -404,7 +434,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
                     stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
                     STAGES: gl.constexpr, MODE: gl.constexpr,
-                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr):
+                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr, SB_PF: gl.constexpr = 0):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
@@ -423,7 +453,8 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
     # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
@@ -576,7 +607,7 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None):
+           splits=1, bm=None, stages=None, a_rows=None, sb_prefetch=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
@@ -613,11 +644,11 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
-                               maxnreg=168)
+                               maxnreg=168, SB_PF=int(SB_PREFETCH if sb_prefetch is None else sb_prefetch))
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=0):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
     import triton
@@ -630,7 +661,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None):
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4, "SB_PF": sb_prefetch}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})

@@ -1,0 +1,126 @@
+"""sm90_ws's producer prefetching each tile's B-scale row into the L2 (sm90_ws.SB_PREFETCH), an
+experiment (issue #28), off against on through the shipped dispatch, and with deeper rings.
+
+    PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only]
+
+The ring profile (docs/perf.md, tenth session) showed that a deeper ring trades the consumers' waits
+for a slot for FMULs waiting on the step's B scale, a global load issued one step ahead. A tile's
+B-scale row is K/128 floats, two 128-byte lines at K=7168, so the wait is the first load of each line.
+The operands come from device memory, so that load does too. With SB_PREFETCH the producer, a whole
+ring ahead of the consumers, asks the L2 for those lines when it starts the tile.
+
+Timed: the dispatch on the dense shapes where it takes sm90_ws (64-row tiles at M=64 and 128, 128-row
+tiles above), bench/gemm.py's M=4096 dense and contiguous shapes. Operand sets are rotated past the L2
+(bench.common.operand_sets). Each rep times off, then on, then on with each `--stages` ring depth
+(shapes whose tile cannot hold that ring say so). Medians over reps of each rep's CUDA-graph median;
+each rep's times are kept. Every variant's output on set 0 must equal off's bit for bit (the same
+loads and products; only an L2 hint is added), else the row says so. TFLOP/s beside cuBLASLt's FP8
+GEMM measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from unittest import mock
+
+import torch
+
+from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rotated_ms
+from bench.gemm import DENSE, EXPERT_NK, GROUPED, dense_inputs, grouped_inputs
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.gemm.triton import sm90_ws as W
+
+DECODE = [(m, n, k) for m in (64, 128, 256) for n, k in EXPERT_NK]
+
+
+def _dense(a, sa, b, sb, out):
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+
+def _grouped(a, sa, b, sb, ids, out, cnt):
+    G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
+
+
+def cases(decode_only=False):
+    """(label, shape, flops, operand maker, call, index of the output in an operand tuple)."""
+    for m, n, k in DECODE + ([] if decode_only else [s for s in DENSE if s[0] == 4096]):
+        yield "dense", [m, n, k], 2 * m * n * k, lambda m=m, n=n, k=k: dense_inputs(m, n, k), _dense, 4
+    for g, m, n, k in [] if decode_only else GROUPED:
+        yield "contiguous", [g, m, n, k], 2 * g * m * n * k, lambda g=g, m=m, n=n, k=k: grouped_inputs(g, m, n, k), \
+            _grouped, 5
+
+
+@contextlib.contextmanager
+def variant(prefetch: bool, stages: int | None):
+    """SB_PREFETCH set, and every sm90_ws launch's ring at `stages` slots (None: the shipped depth)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(W, "SB_PREFETCH", prefetch))
+        if stages is not None:
+            stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
+        yield
+
+
+def variants(stages):
+    """[(label, prefetch, ring slots)]: off and on at the shipped ring, then on at each of stages."""
+    return [("off", False, None), ("on", True, None)] + [(f"on s{n}", True, n) for n in stages]
+
+
+def measure(call, sets, oi, reps, stages=()):
+    """{label: median us}, each rep's times under "reps_us", and {label: why} for a variant that differs
+    from off's output or cannot run."""
+    out = sets[0][oi]
+    todo = variants(stages)
+    times = {label: [] for label, _, _ in todo}
+    failed = {}
+    ref = None
+    for _ in range(reps):
+        for label, prefetch, ring in todo:
+            if label in failed:
+                continue
+            with variant(prefetch, ring):
+                try:
+                    got = output_of(call, sets[0], out)
+                except Exception as exc:  # noqa: BLE001 - a ring too deep for the tile's shared memory
+                    failed[label] = f"cannot run: {type(exc).__name__}: {str(exc)[:120]}"
+                    continue
+                if ref is None:
+                    ref = got
+                elif not torch.equal(got, ref):
+                    failed[label] = "differs from the output with SB_PREFETCH off"
+                    continue
+                times[label].append(rotated_ms(call, sets) * 1e3)
+    res = {label: statistics.median(t) for label, t in times.items() if label not in failed and t}
+    return {"us": res, "reps_us": {k: v for k, v in times.items() if k in res}, "failed": failed}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--stages", type=int, nargs="*", default=[])
+    ap.add_argument("--decode-only", action="store_true", help="only the M=64-256 dense shapes")
+    args = ap.parse_args()
+    ceiling = fp8_gemm_tflops()
+    rows = []
+    for kind, shape, flops, make, call, oi in cases(args.decode_only):
+        sets = operand_sets(make)
+        r = {"kind": kind, "shape": shape, "operand_sets": len(sets), **measure(call, sets, oi, args.reps, args.stages)}
+        r["vs_ceiling"] = {k: flops / (t * 1e-6) / 1e12 / ceiling for k, t in r["us"].items()}
+        rows.append(r)
+        print(r, flush=True)
+    res = {"env": environment(), "fp8_gemm_tflops": ceiling, "rows": rows}
+    if args.out:
+        dump(args.out, res)
+    labels = [label for label, _, _ in variants(args.stages)]
+    print(f"cuBLASLt FP8 {ceiling:.0f} TFLOP/s")
+    print(f"{'kind':<11}{'shape':<24}" + "".join(f"{label:>10}" for label in labels) + f"{'off/on':>8}")
+    for r in rows:
+        cells = "".join(f"{r['us'][k]:10.2f}" if k in r["us"] else f"{'-':>10}" for k in labels)
+        ratio = r["us"]["off"] / r["us"]["on"] if {"off", "on"} <= r["us"].keys() else float("nan")
+        print(f"{r['kind']:<11}{str(r['shape']):<24}{cells}{ratio:8.3f}  {r['failed'] or ''}")
+
+
+if __name__ == "__main__":
+    main()
