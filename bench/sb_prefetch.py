@@ -1,21 +1,25 @@
-"""sm90_ws's producer prefetching each tile's B-scale row into the L2 (sm90_ws.SB_PREFETCH), an
-experiment (issue #28), off against on through the shipped dispatch, and with deeper rings.
+"""sm90_ws's producer prefetching each tile's B-scale row into the L2 (sm90_ws.SB_PREFETCH_ROWS: the
+tile heights that do), off against on for every tile height through the shipped dispatch, and with
+deeper rings (issue #28).
 
     PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only]
 
 The ring profile (docs/perf.md, tenth session) showed that a deeper ring trades the consumers' waits
 for a slot for FMULs waiting on the step's B scale, a global load issued one step ahead. A tile's
 B-scale row is K/128 floats, two 128-byte lines at K=7168, so the wait is the first load of each line.
-The operands come from device memory, so that load does too. With SB_PREFETCH the producer, a whole
-ring ahead of the consumers, asks the L2 for those lines when it starts the tile.
+The operands come from device memory, so that load does too. With the prefetch the producer, a whole
+ring ahead of the consumers, asks the L2 for those lines when it starts the tile. The tenth session's
+run made it the default for 64-row tiles (docs/perf.md).
 
-Timed: the dispatch on the dense shapes where it takes sm90_ws (64-row tiles at M=64 and 128, 128-row
-tiles above), bench/gemm.py's M=4096 dense and contiguous shapes. Operand sets are rotated past the L2
-(bench.common.operand_sets). Each rep times off, then on, then on with each `--stages` ring depth
-(shapes whose tile cannot hold that ring say so). Medians over reps of each rep's CUDA-graph median;
-each rep's times are kept. Every variant's output on set 0 must equal off's bit for bit (the same
-loads and products; only an L2 hint is added), else the row says so. TFLOP/s beside cuBLASLt's FP8
-GEMM measured in the same run.
+Timed: the dispatch on the dense M=64-256 shapes (on the H200: sm90_ws's 64-row tiles at
+(64, 7168, 2048) and (128, 4096, 7168), its 128-row tiles at the other M=128 and 256 shapes, and the
+swapped kernel at (64, 4096, 7168), a control), and bench/gemm.py's M=4096 dense and contiguous
+shapes. Operand sets are rotated past the L2 (bench.common.operand_sets). Each rep times off, then
+on, then on with each `--stages` ring depth (shapes whose tile cannot hold that ring say so).
+Medians over reps of each rep's CUDA-graph median; each rep's times are kept. Every variant's
+output on set 0 must equal off's bit for bit (the same loads and products; only an L2 hint is
+added), else the row says so. Off and on set every tile height's prefetch (SB_PREFETCH_ROWS empty,
+or 64 and 128). TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ def cases(decode_only=False):
 
 @contextlib.contextmanager
 def variant(prefetch: bool, stages: int | None):
-    """SB_PREFETCH set, and every sm90_ws launch's ring at `stages` slots (None: the shipped depth)."""
+    """Every tile height's prefetch on or off, and every sm90_ws launch's ring at `stages` slots (None:
+    the shipped depth)."""
+    rows = frozenset({W.HALF_BM, W.BM}) if prefetch else frozenset()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(W, "SB_PREFETCH", prefetch))
+        stack.enter_context(mock.patch.object(W, "SB_PREFETCH_ROWS", rows))
         if stages is not None:
             stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
         yield
@@ -88,7 +94,7 @@ def measure(call, sets, oi, reps, stages=()):
                 if ref is None:
                     ref = got
                 elif not torch.equal(got, ref):
-                    failed[label] = "differs from the output with SB_PREFETCH off"
+                    failed[label] = "differs from the output with the prefetch off"
                     continue
                 times[label].append(rotated_ms(call, sets) * 1e3)
     res = {label: statistics.median(t) for label, t in times.items() if label not in failed and t}

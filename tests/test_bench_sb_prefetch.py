@@ -1,5 +1,5 @@
-"""bench/sb_prefetch.py's host side: measure() times SB_PREFETCH off, on, and on at each deeper ring in
-turn, each rep; restores the flag and the ring depth; reports a variant whose output differs or that
+"""bench/sb_prefetch.py's host side: measure() times the prefetch off, on, and on at each deeper ring in
+turn, each rep; restores SB_PREFETCH_ROWS and the ring depth; reports a variant whose output differs or that
 cannot run instead of timing it. The timings come from the GPU."""
 
 import torch
@@ -21,28 +21,28 @@ def test_variants_take_turns_and_everything_is_restored(monkeypatch):
     seen = []
 
     def fake(call, sets):
-        seen.append((W.SB_PREFETCH, W._stages(128)))
-        return (2.0 if not W.SB_PREFETCH else 1.5) / 1024
+        seen.append((bool(W.SB_PREFETCH_ROWS), W._stages(128)))
+        return (2.0 if not W.SB_PREFETCH_ROWS else 1.5) / 1024
     monkeypatch.setattr(P, "rotated_ms", fake)
-    shipped, depth = W.SB_PREFETCH, W._stages(128)
+    shipped, depth = W.SB_PREFETCH_ROWS, W._stages(128)
     r = P.measure(_copy, _sets(), 1, reps=2, stages=(9,))
     assert seen == [(False, depth), (True, depth), (True, 9)] * 2
     assert r["us"] == {"off": 2e3 / 1024, "on": 1.5e3 / 1024, "on s9": 1.5e3 / 1024}
     assert r["reps_us"]["on s9"] == [1.5e3 / 1024] * 2 and r["failed"] == {}
-    assert (W.SB_PREFETCH, W._stages(128)) == (shipped, depth)
+    assert (W.SB_PREFETCH_ROWS, W._stages(128)) == (shipped, depth)
 
 
 def test_a_differing_or_failing_variant_is_reported_not_timed(monkeypatch):
     seen = []
-    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(W.SB_PREFETCH) or 1e-3)
+    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(bool(W.SB_PREFETCH_ROWS)) or 1e-3)
 
     def call(x, out):
         if W._stages(128) == 12:
             raise RuntimeError("out of shared memory")
-        out.copy_(x + (1.0 if W.SB_PREFETCH else 0.0))
+        out.copy_(x + (1.0 if W.SB_PREFETCH_ROWS else 0.0))
 
     r = P.measure(call, _sets(), 1, reps=2, stages=(12,))
-    assert r["failed"] == {"on": "differs from the output with SB_PREFETCH off",
+    assert r["failed"] == {"on": "differs from the output with the prefetch off",
                            "on s12": "cannot run: RuntimeError: out of shared memory"}
     assert r["us"].keys() == {"off"} and seen == [False, False]
 
@@ -53,3 +53,11 @@ def test_cases_cover_decode_and_m4096():
                           [256, 4096, 7168], [256, 7168, 2048]]
     assert [4096, 7168, 16384] in shapes and [8, 4096, 7168, 2048] in shapes
     assert [c[1] for c in P.cases(decode_only=True)] == shapes[:6]
+
+
+def test_off_and_on_cover_every_tile_height():
+    with P.variant(False, None):
+        assert W.SB_PREFETCH_ROWS == frozenset()
+    with P.variant(True, 7):
+        assert W.SB_PREFETCH_ROWS == {W.HALF_BM, W.BM} and W._stages(256) == 7
+    assert W.SB_PREFETCH_ROWS == {W.HALF_BM}  # the shipped default: 64-row tiles

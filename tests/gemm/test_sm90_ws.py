@@ -395,7 +395,7 @@ def test_dispatch_splits_as_the_plan_counts(monkeypatch, m, n, k, grid):
                                          (256, 2000, 1664, 128, 128), (4096, 2048, 640, 256, 128),
                                          (1100, 2000, 1664, 256, 128)])
 def test_sb_prefetch_is_bit_identical(monkeypatch, m, n, k, bn, bm):
-    """SB_PREFETCH only asks the L2 for lines the consumers read anyway: every tile shape (64-row,
+    """The B-scale prefetch only asks the L2 for lines the consumers read anyway: every tile shape (64-row,
     128-row, wide with a second half past N) gives the Triton kernel's output bit for bit; guard
     columns stay poisoned."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
@@ -409,7 +409,7 @@ def test_sb_prefetch_is_bit_identical(monkeypatch, m, n, k, bn, bm):
 @pytest.mark.gpu_sm90
 def test_sb_prefetch_grouped_and_masked_are_bit_identical(monkeypatch):
     """The producer's prefetch in the contiguous and masked walks (per-expert B-scale rows)."""
-    monkeypatch.setattr(W, "SB_PREFETCH", True)
+    monkeypatch.setattr(W, "SB_PREFETCH_ROWS", frozenset({W.HALF_BM, W.BM}))
     e, mmax, n, k = 5, 256, 2112, 640
     a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=7)
     masked = torch.tensor([0, 1, 200, mmax, 129], dtype=torch.int32, device="cuda")

@@ -124,7 +124,7 @@ def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_pat
 @pytest.mark.parametrize("mode,bn,bm", [(0, 128, 128), (0, sm90_ws.WIDE_BN, 128), (0, sm90_ws.NARROW_BN, H),
                                         (0, 128, H), (1, 128, 128), (2, 128, 128)])
 def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
-    """SB_PREFETCH (an experiment): the producer's L2 prefetch of the tile's B-scale row(s), one per
+    """sb_prefetch (SB_PREFETCH_ROWS): the producer's L2 prefetch of the tile's B-scale row(s), one per
     row in the PTX (two for a wide tile), through ptxas for sm_90a with no spills; with it off the
     kernel has none."""
     ptx = _compile(tmp_path, mode, 0, bn, 0, bm, 0, 1)

@@ -68,10 +68,12 @@ NARROW_BN = 64
 STAGES = 5  # bench/decode_sweep.py --only ring, weights in device memory: 5 beat 4 (docs/perf.md, 2026-12-04k)
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
-# The producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a ring ahead of the
-# consumers' loads of them (an experiment: the ring profile put FMULs waiting on those loads,
-# docs/perf.md, 2026-12-05 tenth session). Off: the kernel is unchanged.
-SB_PREFETCH = False
+# Tile heights whose producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a
+# ring ahead of the consumers' loads of them: the ring profile put FMULs waiting on those loads. On the
+# H200 the 64-row tiles of (64, 7168, 2048) and (128, 4096, 7168) ran 0.7 and 1.0 % faster with it,
+# bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
+# M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
+SB_PREFETCH_ROWS = frozenset({64})
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
 # (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
@@ -401,7 +403,7 @@ def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
 def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
-    PF: gl.constexpr = cfg.shape[2] - 1  # SB_PREFETCH
+    PF: gl.constexpr = cfg.shape[2] - 1  # the launch's sb_prefetch (SB_PREFETCH_ROWS)
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -613,7 +615,8 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
-    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's)."""
+    _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_prefetch: the
+    producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -644,7 +647,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
-                               maxnreg=168, SB_PF=int(SB_PREFETCH if sb_prefetch is None else sb_prefetch))
+                               maxnreg=168, SB_PF=int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch))
     return out
 
 
