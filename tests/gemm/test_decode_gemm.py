@@ -283,4 +283,3 @@ def test_ws_masked_is_bit_identical_to_triton(monkeypatch, mmax, epilogue, bn):
     assert calls == [G.MASKED] and cnt.tolist() == [0, 1]
     for i, mm in enumerate(rows):
         assert torch.equal(out2[i, :mm], ref[i, :mm])
-

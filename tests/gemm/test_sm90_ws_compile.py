@@ -36,7 +36,7 @@ from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
                                bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None,
-                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else 0)
+                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -46,7 +46,8 @@ H = sm90_ws.HALF_BM
 
 
 def _compile(tmp_path, *args):
-    """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows) -> its PTX."""
+    """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows[, sb_prefetch:
+    default launch()'s for bm]) -> its PTX."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
@@ -93,6 +94,8 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
         2 * 2 * 4 if wide else consumers * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
+    # launch()'s default: the producer prefetches B-scale rows for the tile heights in SB_PREFETCH_ROWS
+    assert ("prefetch.global.L2" in ptx) == (bm in sm90_ws.SB_PREFETCH_ROWS)
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -68,12 +68,6 @@ NARROW_BN = 64
 STAGES = 5  # bench/decode_sweep.py --only ring, weights in device memory: 5 beat 4 (docs/perf.md, 2026-12-04k)
 STAGES_WIDE = 3  # 48.5 KB a slot with B [256, 128]: four would not fit beside the epilogue buffers
 STAGES_NARROW = 6  # 24.5 KB a slot with B [64, 128]
-# Tile heights whose producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a
-# ring ahead of the consumers' loads of them: the ring profile put FMULs waiting on those loads. On the
-# H200 the 64-row tiles of (64, 7168, 2048) and (128, 4096, 7168) ran 0.7 and 1.0 % faster with it,
-# bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
-# M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
-SB_PREFETCH_ROWS = frozenset({64})
 # HALF_BM (64-row) tiles, for dense decode batches (at most HALF_MAX_ROWS rows) of at most 64 rows, or
 # whose 128-row tiles would not fill the GPU: one consumer warpgroup runs the tile's m64nBN wgmma
 # (tile widths HALF_WIDTHS), so a 64-token batch fills the SMs without K splits. Two consumers each
@@ -84,6 +78,12 @@ SB_PREFETCH_ROWS = frozenset({64})
 # memory, as a model's layers find them (--only ring), 6 slots beat 4 (7.9 against 8.7 us there, 15.7
 # against 18.2 at (128, 4096, 7168)), 8 to 12 ran slower again. 64x32 tiles lost on every decode shape.
 HALF_BM, HALF_MAX_ROWS = 64, 256
+# Tile heights whose producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a
+# ring ahead of the consumers' loads of them: the ring profile put FMULs waiting on those loads. On the
+# H200 the 64-row tiles of (64, 7168, 2048) and (128, 4096, 7168) ran 0.7 and 1.0 % faster with it,
+# bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
+# M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
+SB_PREFETCH_ROWS = frozenset({HALF_BM})
 HALF_WIDTHS = (128, 64)
 STAGES_HALF = {128: 4, 64: 6}
 GROUP_M = 8
@@ -454,7 +454,8 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
         mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE and EPI_TMA travel as cfg's shape (4 bytes of shared memory).
+    # keeps its shape in its type: MODE, EPI_TMA and SB_PF travel as cfg's shape (12 bytes of shared
+    # memory at most).
     cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1],
                                     gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
@@ -647,13 +648,19 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
-                               maxnreg=168, SB_PF=int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch))
+                               maxnreg=168, SB_PF=_sb_prefetch(bm, sb_prefetch))
     return out
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=0):
+def _sb_prefetch(bm, sb_prefetch=None) -> int:
+    """The kernel's SB_PF: sb_prefetch where given, else whether tiles of bm rows prefetch (SB_PREFETCH_ROWS)."""
+    return int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch)
+
+
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
-    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows."""
+    split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows;
+    sb_prefetch: the producer's B-scale prefetch (default: as launch() takes it for bm)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -664,7 +671,8 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4, "SB_PF": sb_prefetch}
+    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
+             "SB_PF": _sb_prefetch(bm, sb_prefetch)}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
