@@ -29,23 +29,6 @@ import os
 
 import numpy as np
 
-try:  # grid dependency control (programmatic dependent launch, SM90+): Triton >= 3.5
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    HAS_GDC = True
-except ImportError:  # pragma: no cover - the pinned Triton versions have it
-    import triton
-
-    HAS_GDC = False
-
-    @triton.jit
-    def gdc_wait():
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():
-        pass
-
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -34,12 +34,26 @@ import triton.language as tl
 from rtp_fp8 import arch as A
 from rtp_fp8 import triton_env
 from rtp_fp8.quant.layout import cdiv
-from rtp_fp8.triton_env import HAS_GDC, gdc_launch_dependents, gdc_wait
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton >= 3.5; without it every call takes the Triton path
     from rtp_fp8.gemm.triton import sm90_ws
 except ImportError:  # pragma: no cover - the pinned Triton versions have Gluon
     sm90_ws = None
+
+try:  # grid dependency control (programmatic dependent launch, SM90+): Triton >= 3.5
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - the pinned Triton versions have it
+    HAS_GDC = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 GRAN = 128
 DENSE, CONTIGUOUS, MASKED = 0, 1, 2
