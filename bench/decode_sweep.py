@@ -50,7 +50,7 @@ from unittest import mock
 import torch
 
 from bench.common import dump, environment, graph_ms, operand_sets, output_of, rotated_ms
-from bench.gemm import _deepgemm, dense_inputs, masked_inputs, patched
+from bench.gemm import _deepgemm, dense_call, dense_inputs, masked_inputs, patched
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -355,26 +355,23 @@ def _ring_shape(m, n, k, dg):
     sets = operand_sets(lambda: dense_inputs(m, n, k))
     out = sets[0][4]
 
-    def call(a, sa, b, sb, out):
-        G.fp8_gemm_nt(a, sa, b, sb, out=out)
-
     def timed(ref):  # a depth that does not fit shared memory is reported
-        return _checked_time(call, out, ref, sets, "the kernel as shipped")
+        return _checked_time(dense_call, out, ref, sets, "the kernel as shipped")
 
     r = {"shape": [m, n, k], "operand_sets": len(sets)}
-    r["shipped"] = _time(call, sets)
+    r["shipped"] = _time(dense_call, sets)
     if dg is not None:
         r["deepgemm"] = rotated_ms(lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg),
                                    sets) * 1e3
     if m <= G.SWAP_MAX_ROWS:
         with patched(USE_WS=False):
-            ref = output_of(call, sets[0], out)
+            ref = output_of(dense_call, sets[0], out)
             for stages in (3, 4, 6, 8):
                 with patched(SWAP_STAGES=stages, SWAP_STAGES_WAVES=stages):
                     r[f"swap s{stages}"] = timed(ref)
     bm, bn = W.tile_shape(m, n, A.num_sms(0))
     with patched(USE_SWAP=False):
-        ref = output_of(call, sets[0], out)
+        ref = output_of(dense_call, sets[0], out)
         for stages in RING_DEPTHS.get((bm, bn), ()):
             with _ws_ring(bm, bn, stages):
                 r[f"ws {bm}x{bn} s{stages}"] = timed(ref)

@@ -148,6 +148,16 @@ def dense_inputs(m, n, k):
     return a, sa, b, sb, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
 
+def dense_call(a, sa, b, sb, out):
+    """The shipped dense GEMM on a dense_inputs tuple."""
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+
+
+def grouped_call(a, sa, b, sb, ids, out, cnt):
+    """The shipped contiguous grouped GEMM on a grouped_inputs tuple."""
+    G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
+
+
 def grouped_inputs(g, m, n, k):
     """(a, sa, b, sb, ids, out, counters): g experts of m rows each."""
     x = torch.randn(g * m, k, device="cuda", dtype=torch.bfloat16)
@@ -162,7 +172,7 @@ def grouped_inputs(g, m, n, k):
 def dense(m, n, k, dg=None, cold=True):
     sets = operand_sets(lambda: dense_inputs(m, n, k), cold)
     a, sa, b, sb, out = sets[0]
-    r = _measure(2 * m * n * k, lambda a, sa, b, sb, out: G.fp8_gemm_nt(a, sa, b, sb, out=out), sets, 4,
+    r = _measure(2 * m * n * k, dense_call, sets, 4,
                  _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b)))
     if dg is not None:
         _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4)
@@ -172,12 +182,8 @@ def dense(m, n, k, dg=None, cold=True):
 def grouped(g, m, n, k, dg=None, cold=True):
     sets = operand_sets(lambda: grouped_inputs(g, m, n, k), cold)
     a, sa, b, sb, ids, out, cnt = sets[0]
-
-    def call(a, sa, b, sb, ids, out, cnt):
-        G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
-
     flops = 2 * g * m * n * k
-    r = _measure(flops, call, sets, 5,
+    r = _measure(flops, grouped_call, sets, 5,
                  _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30))
     if dg is not None:
         with D.mk_alignment(128, dg):

@@ -32,7 +32,7 @@ import torch
 
 from bench.common import dump, environment, operand_sets, output_of, rotated_ms
 from bench.decode_sweep import DENSE
-from bench.gemm import dense_inputs
+from bench.gemm import dense_call, dense_inputs
 
 PROMOTIONS = {"none": 0, "64": 1, "128": 2, "256": 3}  # CUtensorMapL2promotion
 TRITON_PROMOTION = PROMOTIONS["128"]  # what Triton's fillTMADescriptor passes
@@ -106,26 +106,20 @@ def promotion(name: str):
 
 
 def rows(names):
-    from rtp_fp8.gemm.triton import block_scaled as G
-
     out_rows = []
     for m, n, k in SHAPES:
         sets = operand_sets(lambda m=m, n=n, k=k: dense_inputs(m, n, k))
-
-        def call(a, sa, b, sb, out):
-            G.fp8_gemm_nt(a, sa, b, sb, out=out)
-
         r = {"shape": [m, n, k], "operand_sets": len(sets)}
         ref = None
         for name in names:
             with promotion(name):
-                got = output_of(call, sets[0], sets[0][4])
+                got = output_of(dense_call, sets[0], sets[0][4])
                 if ref is None:
                     ref = got
                 if not torch.equal(got, ref):
                     r[name] = f"differs from the {names[0]}-promotion output"
                     continue
-                r[name] = rotated_ms(call, sets) * 1e3  # graphs captured inside the block
+                r[name] = rotated_ms(dense_call, sets) * 1e3  # graphs captured inside the block
         out_rows.append(r)
         print(r, flush=True)
     return out_rows

@@ -32,28 +32,19 @@ from unittest import mock
 import torch
 
 from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rotated_ms
-from bench.gemm import DENSE, EXPERT_NK, GROUPED, dense_inputs, grouped_inputs
-from rtp_fp8.gemm.triton import block_scaled as G
+from bench.gemm import DENSE, EXPERT_NK, GROUPED, dense_call, dense_inputs, grouped_call, grouped_inputs
 from rtp_fp8.gemm.triton import sm90_ws as W
 
 DECODE = [(m, n, k) for m in (64, 128, 256) for n, k in EXPERT_NK]
 
 
-def _dense(a, sa, b, sb, out):
-    G.fp8_gemm_nt(a, sa, b, sb, out=out)
-
-
-def _grouped(a, sa, b, sb, ids, out, cnt):
-    G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, out=out, counters=cnt)
-
-
 def cases(decode_only=False):
     """(label, shape, flops, operand maker, call, index of the output in an operand tuple)."""
     for m, n, k in DECODE + ([] if decode_only else [s for s in DENSE if s[0] == 4096]):
-        yield "dense", [m, n, k], 2 * m * n * k, lambda m=m, n=n, k=k: dense_inputs(m, n, k), _dense, 4
+        yield "dense", [m, n, k], 2 * m * n * k, lambda m=m, n=n, k=k: dense_inputs(m, n, k), dense_call, 4
     for g, m, n, k in [] if decode_only else GROUPED:
         yield "contiguous", [g, m, n, k], 2 * g * m * n * k, lambda g=g, m=m, n=n, k=k: grouped_inputs(g, m, n, k), \
-            _grouped, 5
+            grouped_call, 5
 
 
 @contextlib.contextmanager
