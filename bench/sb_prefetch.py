@@ -1,25 +1,29 @@
 """sm90_ws's producer prefetching each tile's B-scale row into the L2 (sm90_ws.SB_PREFETCH_ROWS: the
-tile heights that do), off against on for every tile height through the shipped dispatch, and with
-deeper rings (issue #28).
+tile heights that do), or staging it in shared memory (sm90_ws.SB_STAGE_ROWS), against neither for
+every tile height through the shipped dispatch, and with deeper rings (issue #28).
 
-    PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only]
+    PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only | --large-only]
 
 The ring profile (docs/perf.md, tenth session) showed that a deeper ring trades the consumers' waits
 for a slot for FMULs waiting on the step's B scale, a global load issued one step ahead. A tile's
 B-scale row is K/128 floats, two 128-byte lines at K=7168, so the wait is the first load of each line.
 The operands come from device memory, so that load does too. With the prefetch the producer, a whole
 ring ahead of the consumers, asks the L2 for those lines when it starts the tile. The tenth session's
-run made it the default for 64-row tiles (docs/perf.md).
+run made it the default for 64-row tiles (docs/perf.md). Staging goes further: the producer copies the
+row into shared memory with one TMA box when it starts the tile, and the consumers read each step's
+scale there, with no global load left in their K loop (DeepGEMM's math warps stage it too).
 
 Timed: the dispatch on the dense M=64-256 shapes (on the H200: sm90_ws's 64-row tiles at
 (64, 7168, 2048) and (128, 4096, 7168), its 128-row tiles at the other M=128 and 256 shapes, and the
 swapped kernel at (64, 4096, 7168), a control), and bench/gemm.py's M=4096 dense and contiguous
-shapes. Operand sets are rotated past the L2 (bench.common.operand_sets). Each rep times off, then
-on, then on with each `--stages` ring depth (shapes whose tile cannot hold that ring say so).
+shapes. Operand sets are rotated past the L2 (bench.common.operand_sets). Each rep times off, on
+(prefetch) and stage, then on and stage with each `--stages` ring depth (shapes whose tile cannot hold
+that ring say so; wide tiles cannot stage, so there "stage" is "off" again).
 Medians over reps of each rep's CUDA-graph median; each rep's times are kept. Every variant's
 output on set 0 must equal off's bit for bit (the same loads and products; only an L2 hint is
-added), else the row says so. Off and on set every tile height's prefetch (SB_PREFETCH_ROWS empty,
-or 64 and 128). TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
+added, or the same scales read from shared memory), else the row says so. Each variant sets every tile
+height alike (SB_PREFETCH_ROWS / SB_STAGE_ROWS empty, or 64 and 128). TFLOP/s beside cuBLASLt's FP8
+GEMM measured in the same run.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ from rtp_fp8.gemm.triton import sm90_ws as W
 DECODE = [(m, n, k) for m in (64, 128, 256) for n, k in EXPERT_NK]
 
 
-def cases(decode_only=False):
+def cases(decode_only=False, large_only=False):
     """(label, shape, flops, operand maker, call, index of the output in an operand tuple)."""
-    for m, n, k in DECODE + ([] if decode_only else [s for s in DENSE if s[0] == 4096]):
+    for m, n, k in ([] if large_only else DECODE) + ([] if decode_only else [s for s in DENSE if s[0] == 4096]):
         yield "dense", [m, n, k], 2 * m * n * k, lambda m=m, n=n, k=k: dense_inputs(m, n, k), dense_call, 4
     for g, m, n, k in [] if decode_only else GROUPED:
         yield "contiguous", [g, m, n, k], 2 * g * m * n * k, lambda g=g, m=m, n=n, k=k: grouped_inputs(g, m, n, k), \
@@ -48,20 +52,23 @@ def cases(decode_only=False):
 
 
 @contextlib.contextmanager
-def variant(prefetch: bool, stages: int | None):
-    """Every tile height's prefetch on or off, and every sm90_ws launch's ring at `stages` slots (None:
-    the shipped depth)."""
-    rows = frozenset({W.HALF_BM, W.BM}) if prefetch else frozenset()
+def variant(prefetch: bool, stages: int | None, stage: bool = False):
+    """Every tile height's prefetch on or off, its staging on or off, and every sm90_ws launch's ring at
+    `stages` slots (None: the shipped depth)."""
+    both = frozenset({W.HALF_BM, W.BM})
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(W, "SB_PREFETCH_ROWS", rows))
+        stack.enter_context(mock.patch.object(W, "SB_PREFETCH_ROWS", both if prefetch else frozenset()))
+        stack.enter_context(mock.patch.object(W, "SB_STAGE_ROWS", both if stage else frozenset()))
         if stages is not None:
             stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
         yield
 
 
 def variants(stages):
-    """[(label, prefetch, ring slots)]: off and on at the shipped ring, then on at each of stages."""
-    return [("off", False, None), ("on", True, None)] + [(f"on s{n}", True, n) for n in stages]
+    """[(label, prefetch, stage, ring slots)]: off, on and stage at the shipped ring, then on and stage at
+    each of stages."""
+    return [("off", False, False, None), ("on", True, False, None), ("stage", False, True, None)] + [
+        v for n in stages for v in ((f"on s{n}", True, False, n), (f"stage s{n}", False, True, n))]
 
 
 def measure(call, sets, oi, reps, stages=()):
@@ -69,14 +76,14 @@ def measure(call, sets, oi, reps, stages=()):
     from off's output or cannot run."""
     out = sets[0][oi]
     todo = variants(stages)
-    times = {label: [] for label, _, _ in todo}
+    times = {label: [] for label, *_ in todo}
     failed = {}
     ref = None
     for _ in range(reps):
-        for label, prefetch, ring in todo:
+        for label, prefetch, stage, ring in todo:
             if label in failed:
                 continue
-            with variant(prefetch, ring):
+            with variant(prefetch, ring, stage):
                 try:
                     got = output_of(call, sets[0], out)
                 except Exception as exc:  # noqa: BLE001 - a ring too deep for the tile's shared memory
@@ -85,7 +92,7 @@ def measure(call, sets, oi, reps, stages=()):
                 if ref is None:
                     ref = got
                 elif not torch.equal(got, ref):
-                    failed[label] = "differs from the output with the prefetch off"
+                    failed[label] = "differs from the output with neither"
                     continue
                 times[label].append(rotated_ms(call, sets) * 1e3)
     res = {label: statistics.median(t) for label, t in times.items() if label not in failed and t}
@@ -98,10 +105,11 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--stages", type=int, nargs="*", default=[])
     ap.add_argument("--decode-only", action="store_true", help="only the M=64-256 dense shapes")
+    ap.add_argument("--large-only", action="store_true", help="only the M=4096 dense and the contiguous shapes")
     args = ap.parse_args()
     ceiling = fp8_gemm_tflops()
     rows = []
-    for kind, shape, flops, make, call, oi in cases(args.decode_only):
+    for kind, shape, flops, make, call, oi in cases(args.decode_only, args.large_only):
         sets = operand_sets(make)
         r = {"kind": kind, "shape": shape, "operand_sets": len(sets), **measure(call, sets, oi, args.reps, args.stages)}
         r["vs_ceiling"] = {k: flops / (t * 1e-6) / 1e12 / ceiling for k, t in r["us"].items()}
@@ -110,13 +118,15 @@ def main():
     res = {"env": environment(), "fp8_gemm_tflops": ceiling, "rows": rows}
     if args.out:
         dump(args.out, res)
-    labels = [label for label, _, _ in variants(args.stages)]
+    labels = [label for label, *_ in variants(args.stages)]
     print(f"cuBLASLt FP8 {ceiling:.0f} TFLOP/s")
-    print(f"{'kind':<11}{'shape':<24}" + "".join(f"{label:>10}" for label in labels) + f"{'off/on':>8}")
+    print(f"{'kind':<11}{'shape':<24}" + "".join(f"{label:>10}" for label in labels) + f"{'off/on':>8}{'off/stg':>8}")
     for r in rows:
-        cells = "".join(f"{r['us'][k]:10.2f}" if k in r["us"] else f"{'-':>10}" for k in labels)
-        ratio = r["us"]["off"] / r["us"]["on"] if {"off", "on"} <= r["us"].keys() else float("nan")
-        print(f"{r['kind']:<11}{str(r['shape']):<24}{cells}{ratio:8.3f}  {r['failed'] or ''}")
+        us = r["us"]
+        cells = "".join(f"{us[k]:10.2f}" if k in us else f"{'-':>10}" for k in labels)
+        ratios = "".join(f"{us['off'] / us[k]:8.3f}" if {"off", k} <= us.keys() else f"{'nan':>8}"
+                         for k in ("on", "stage"))
+        print(f"{r['kind']:<11}{str(r['shape']):<24}{cells}{ratios}  {r['failed'] or ''}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
                                bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None,
-                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else None)
+                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else None,
+                               sb_k=int(sys.argv[9]) if len(sys.argv) > 9 else 0)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -47,7 +48,7 @@ H = sm90_ws.HALF_BM
 
 def _compile(tmp_path, *args):
     """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows[, sb_prefetch:
-    default launch()'s for bm]) -> its PTX."""
+    default launch()'s for bm[, sb_k: the staged B-scale run, default none]]) -> its PTX."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
@@ -137,3 +138,25 @@ def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
     assert res.returncode == 0, res.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
     assert "prefetch.global.L2" not in _compile(tmp_path, mode, 0, bn, 0, bm, 0, 0)
+
+
+@pytest.mark.parametrize("mode,epi_tma,bn,split,bm,sb_k", [
+    (0, 1, 64, 0, H, 64), (0, 1, 128, 0, H, 64), (0, 0, 64, 1, H, 16), (0, 1, 128, 0, 128, 64),
+    (0, 0, sm90_ws.NARROW_BN, 1, 128, 4), (1, 1, 128, 0, 128, 64), (2, 1, 128, 0, 128, 16),
+    (2, 0, sm90_ws.NARROW_BN, 0, 128, 256)],
+    ids=["half64", "half128", "half64-split_k", "dense", "narrow-split_k", "contiguous", "masked", "narrow-masked"])
+def test_sb_stage_variants_compile_without_spills(tmp_path, mode, epi_tma, bn, split, bm, sb_k):
+    """sb_stage (SB_STAGE_ROWS): the producer copies each tile's B-scale row into shared memory with a
+    second 1-D TMA, and the consumers read every step's scale there: dense kernels keep no global load at
+    all, none prefetches, and ptxas for sm_90a reports no spills."""
+    ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, 0, 1, sb_k)
+    assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") + ptx.count(
+        "cp.async.bulk.tensor.1d.shared::cluster.global") == 2
+    assert "prefetch.global.L2" not in ptx
+    if mode == 0:  # contiguous / masked modes still read row ids / masked_m
+        assert "ld.global" not in ptx
+    res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
+                          str(tmp_path / "check.cubin")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
+    assert "C7514" not in res.stderr and "serializ" not in res.stderr.lower(), res.stderr

@@ -84,6 +84,13 @@ HALF_BM, HALF_MAX_ROWS = 64, 256
 # bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
 # M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
 SB_PREFETCH_ROWS = frozenset({HALF_BM})
+# Tile heights whose tiles of at most 128 columns stage their B-scale row in shared memory: the producer
+# copies the tile's run of K-block scales (one TMA box, SB_STAGE_MAX at most) into one of two buffers
+# when it starts the tile, and the consumers read each step's scale from there instead of a global load
+# in the K loop, as DeepGEMM's math warps do (they copy it themselves). An experiment until timed
+# (bench/sb_prefetch.py's "stage" variant); a tile that stages does not also prefetch.
+SB_STAGE_ROWS = frozenset()
+SB_STAGE_MAX = 256  # a TMA box's elements
 HALF_WIDTHS = (128, 64)
 STAGES_HALF = {128: 4, 64: 6}
 GROUP_M = 8
@@ -92,12 +99,14 @@ GROUP_M = 8
 WIDE_N_TILES, GROUP_M_WIDE = 128, 32
 # TMA box and element type of each descriptor (the launch and the offline compile build from it):
 # A and B tiles, the step's A-row scales, a consumer's share of the output tile.
-def boxes(bn=None, bm=BM, a_rows=None):
-    """bm HALF_BM: a 64-row tile, stored whole by its one consumer; a_rows: A's box rows (a_box_rows)."""
+def boxes(bn=None, bm=BM, a_rows=None, sb_k=0):
+    """bm HALF_BM: a 64-row tile, stored whole by its one consumer; a_rows: A's box rows (a_box_rows);
+    sb_k: the B-scale row run a tile stages (sb_stage_k; 0: none, and sb_desc is sa_desc's twin)."""
     bn = bn or BN
     cw = bn if bm == HALF_BM else min(bn, 128)
     return {"a_desc": ([a_rows or bm, BK], "float8e4nv", "fp8e4nv"), "b_desc": ([bn, BK], "float8e4nv", "fp8e4nv"),
-            "sa_desc": ([bm], "float32", "fp32"), "c_desc": ([HALF, cw], "bfloat16", "bf16")}
+            "sa_desc": ([bm], "float32", "fp32"), "c_desc": ([HALF, cw], "bfloat16", "bf16"),
+            "sb_desc": ([sb_k or bm], "float32", "fp32")}
 
 
 def _box_layout(block, dtype):
@@ -124,10 +133,20 @@ def _operands(c: gl.constexpr, a_bufs, b_bufs, sa_bufs, s):
 
 
 @gluon.jit
+def _sb_at(sb_row, kb, stride_sbk, sbv, k0, SBS: gl.constexpr):
+    """K block kb's B scale: SBS, from the tile's row staged in shared memory (sbv, its buffer as
+    [SBK, 1], holding K blocks from k0); else a global load."""
+    if SBS:
+        return gl.max(sbv.index(kb - k0).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+    else:
+        return gl.load(sb_row + kb * stride_sbk)
+
+
+@gluon.jit
 def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, stride_sbk, zero,
-          row_layout: gl.constexpr):
+          row_layout: gl.constexpr, sbv, k0, SBS: gl.constexpr):
     """K step kb (ring step g): its wgmma into a fresh tile, the previous step's tile promoted
-    while it runs; -> (acc, this step's tile, its scales, g + 1)."""
+    while it runs; -> (acc, this step's tile, its scales, g + 1). sbv, k0, SBS: _sb_at's."""
     a_bufs, b_bufs, sa_bufs, full, empty = ring
     NSTAGES: gl.constexpr = full.shape[0]
     s = g % NSTAGES
@@ -135,7 +154,7 @@ def _step(c: gl.constexpr, kb, g, acc, part, sa_prev, sb_prev, ring, sb_row, str
     a, b, sa = _operands(c, a_bufs, b_bufs, sa_bufs, s)
     tok = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
     sa_now = sa.load(row_layout)
-    sb_now = gl.load(sb_row + kb * stride_sbk)
+    sb_now = _sb_at(sb_row, kb, stride_sbk, sbv, k0, SBS)
     acc = acc + part * gl.expand_dims(sa_prev * sb_prev, 1)
     part = warpgroup_mma_wait(0, deps=(tok, ))  # waited here: a running MMA carried across the loop edge
     mbarrier.arrive(empty.index(s), count=1)  # would make ptxas serialize every wgmma (C7514)
@@ -256,13 +275,14 @@ def _store_half(acc, c: gl.constexpr, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r
 
 
 @gluon.jit
-def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, bufs, ptrs, dims, MODE: gl.constexpr,
-                  EPI_TMA: gl.constexpr):
-    """Consumer c's share of one tile: K blocks k_lo .. k_lo + nk - 1 (first row row0 of A and
-    out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials. A 128-row
-    tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer."""
-    a_desc, b_desc, sa_desc, c_desc = descs
-    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, t, descs, bufs, ptrs, dims,
+                  MODE: gl.constexpr, EPI_TMA: gl.constexpr, SBS: gl.constexpr):
+    """Consumer c's share of one tile (the partition's t-th): K blocks k_lo .. k_lo + nk - 1 (first row
+    row0 of A and out, rows below row_end stored) -> g. d_ptr is the output, or a split's FP32 partials.
+    A 128-row tile's consumers take 64 rows each; a 64-row (HALF_BM) tile has one consumer. SBS: the
+    tile's B-scale row is staged (_stage_scales) in buffer t % 2."""
+    a_desc, b_desc, sa_desc, c_desc, sb_desc = descs
+    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, sb_bufs, sb_full, sb_empty = bufs
     TN: gl.constexpr = b_bufs.shape[1]  # the tile width travels in B's buffer type, as MODE in cfg's
     HALF_M: gl.constexpr = a_bufs.shape[1] == 64  # and the tile height in A's
     TW: gl.constexpr = TN if HALF_M else (128 if TN > 128 else TN)  # one wgmma's width (a wide tile runs two)
@@ -279,17 +299,26 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, descs, 
     sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
     if TN <= 128:
+        if SBS:
+            SBK: gl.constexpr = sb_bufs.shape[1]
+            mbarrier.wait(sb_full.index(t % 2), (t // 2) & 1)
+            sbv = sb_bufs.index(t % 2)._reinterpret(gl.float32, [SBK, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            sbv = sb_bufs  # unused
         # Step 0 promotes a zero tile with zero scales: acc stays +0, as the Triton kernel's starts.
         part = zero
         sa = gl.zeros((64, ), gl.float32, row_layout)
         sb = 0.0
         for kb in range(k_lo, k_lo + nk - 1, 2):
-            acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout)
+            acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout,
+                                         sbv, k_lo, SBS)
             acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout)
+                                         row_layout, sbv, k_lo, SBS)
         if nk % 2 == 1:
             acc, part, sa, sb, g = _step(c, k_lo + nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout)
+                                         row_layout, sbv, k_lo, SBS)
+        if SBS:  # every scale read: the producer may refill the buffer
+            mbarrier.arrive(sb_empty.index(t % 2), count=1)
         acc = acc + part * gl.expand_dims(sa * sb, 1)
         _store_half(acc, c, c_desc, c_bufs, d_ptr, grp_ptr, cnt_ptr, r0, col0, e, nk, row_end, N, stride_dm,
                     mma_layout, MODE, EPI_TMA)
@@ -313,6 +342,7 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
+    SBS: gl.constexpr = cfg.shape[3] - 1
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -322,20 +352,24 @@ def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, TN)
     g = pid * 0
+    t = pid * 0  # tiles taken, for the staged B-scale buffers
     if MODE == 2:
         tile = pid
         e, base, mm = _seek(tile, pid * 0, pid * 0, _expert_rows(grp_ptr, pid * 0, E, M), grp_ptr, E, M, tiles_n)
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
-            g = _consume_tile(c, e * M + pid_m * 128, e * M + mm, pid_n, e, 0, gl.cdiv(K, 128), g, descs, bufs, ptrs,
-                              dims, MODE, EPI_TMA)
+            g = _consume_tile(c, e * M + pid_m * 128, e * M + mm, pid_n, e, 0, gl.cdiv(K, 128), g, t, descs, bufs,
+                              ptrs, dims, MODE, EPI_TMA, SBS)
+            t += 1
             tile += nprog
             e, base, mm = _seek(tile, e, base, mm, grp_ptr, E, M, tiles_n)
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
             part_ptrs = (d_ptr + (item % SPLITS) * stride_ws, sb_ptr, grp_ptr, cnt_ptr)  # split s: partials [s]
-            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, descs, bufs, part_ptrs, dims, MODE, EPI_TMA)
+            g = _consume_tile(c, pid_m * TM, M, pid_n, e, k_lo, nk, g, t, descs, bufs, part_ptrs, dims, MODE, EPI_TMA,
+                              SBS)
+            t += 1
     if EPI_TMA == 1:
         tma.store_wait(0)
 
@@ -372,11 +406,23 @@ def _prefetch_scales(sb_ptr, e, col0, k_lo, nk, N, TN: gl.constexpr, stride_sbe,
 
 
 @gluon.jit
+def _stage_scales(t, sb0, descs, bufs):
+    """The partition's t-th tile's B-scale row into buffer t % 2: one TMA box from flat element sb0 (the
+    tile's first K block), once the consumers have released the buffer's previous tile."""
+    sb_desc = descs[4]
+    sb_bufs, sb_full, sb_empty = bufs[6], bufs[7], bufs[8]
+    mbarrier.wait(sb_empty.index(t % 2), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
+    fence_async_shared()  # the consumers' shared loads of the buffer's previous row come first
+    mbarrier.expect(sb_full.index(t % 2), sb_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(sb_desc, [sb0], sb_full.index(t % 2), sb_bufs.index(t % 2))
+
+
+@gluon.jit
 def _produce_tile(row0, sa0, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad):
     """The TMA loads of one tile's K blocks k_lo .. k_lo + nk - 1 (A rows from row0, its scale run
     from sa0) -> g."""
-    a_desc, b_desc, sa_desc, c_desc = descs
-    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty = bufs
+    a_desc, b_desc, sa_desc, c_desc, sb_desc = descs
+    a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, sb_bufs, sb_full, sb_empty = bufs
     NSTAGES: gl.constexpr = full.shape[0]
     TN: gl.constexpr = b_bufs.shape[1]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
@@ -404,6 +450,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
     PF: gl.constexpr = cfg.shape[2] - 1  # the launch's sb_prefetch (SB_PREFETCH_ROWS)
+    SBS: gl.constexpr = cfg.shape[3] - 1  # and its sb_stage (SB_STAGE_ROWS)
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -413,11 +460,15 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     nprog = gl.num_programs(0)
     tiles_n = gl.cdiv(N, TN)
     g = pid * 0
+    t = pid * 0
     if MODE == 2:
         tile = pid
         e, base, mm = _seek(tile, pid * 0, pid * 0, _expert_rows(grp_ptr, pid * 0, E, M), grp_ptr, E, M, tiles_n)
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
+            if SBS:
+                _stage_scales(t, e * stride_sbe + (pid_n * TN // 128) * stride_sbn, descs, bufs)
+                t += 1
             if PF:
                 _prefetch_scales(sb_ptr, e, pid_n * TN, 0, gl.cdiv(K, 128), N, TN, stride_sbe, stride_sbn, stride_sbk)
             g = _produce_tile(e * M + pid_m * 128, e * stride_sae + pid_m * 128, pid_n, e, 0, gl.cdiv(K, 128), g,
@@ -427,16 +478,19 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     else:
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
+            if SBS:
+                _stage_scales(t, e * stride_sbe + (pid_n * TN // 128) * stride_sbn + k_lo, descs, bufs)
+                t += 1
             if PF:
                 _prefetch_scales(sb_ptr, e, pid_n * TN, k_lo, nk, N, TN, stride_sbe, stride_sbn, stride_sbk)
             g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
 
 
 @gluon.jit
-def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M, GROUP_M,
-                    stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
-                    STAGES: gl.constexpr, MODE: gl.constexpr,
-                    EPI_TMA: gl.constexpr, num_warps: gl.constexpr, SB_PF: gl.constexpr = 0):
+def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, sb_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M,
+                    GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
+                    STAGES: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr, num_warps: gl.constexpr,
+                    SB_PF: gl.constexpr = 0, SB_STAGE: gl.constexpr = 0):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
@@ -452,13 +506,23 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, d_ptr, sb_ptr, grp_ptr, cnt
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=1 if HALF_M else 2)  # every consumer releases a slot
+    if SB_STAGE == 1:  # two tiles' B-scale rows (sb_desc's box each) and their barriers
+        sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [2] + sb_desc.block_type.shape, sb_desc.layout)
+        sb_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        sb_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(sb_full.index(i), count=1)
+            mbarrier.init(sb_empty.index(i), count=1 if HALF_M else 2)
+    else:  # unused
+        sb_bufs, sb_full, sb_empty = sa_bufs, full, empty
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE, EPI_TMA and SB_PF travel as cfg's shape (12 bytes of shared
-    # memory at most).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    args = ((a_desc, b_desc, sa_desc, c_desc), (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty),
+    # keeps its shape in its type: MODE, EPI_TMA, SB_PF and SB_STAGE travel as cfg's shape (24 bytes of
+    # shared memory at most).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1, SB_STAGE + 1],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    args = ((a_desc, b_desc, sa_desc, c_desc, sb_desc),
+            (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, sb_bufs, sb_full, sb_empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
             (M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS,
              stride_ws), cfg)
@@ -589,7 +653,7 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
     return None
 
 
-def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows):
+def _descriptors(a, b2, sa, sb, out, epi_tma, bn, bm, a_rows, sb_k):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, kg = sa.shape[-2:]
@@ -598,9 +662,11 @@ def _descriptors(a, b2, sa, out, epi_tma, bn, bm, a_rows):
     span = (sa.shape[0] - 1) * sa.stride(0) if sa.dim() == 3 else 0
     sa_flat = torch.as_strided(sa, (span + (kg - 1) * sa.stride(-1) + m, ), (1, ))
     c = out if epi_tma else torch.empty(BM, 128, dtype=torch.bfloat16, device=a.device)  # unused without EPI_TMA
-    tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c}
+    # staged B-scale rows: B's scales as their flat storage (contiguous, checked by plan)
+    sb_flat = torch.as_strided(sb, (sb.numel(), ), (1, )) if sb_k else sa_flat
+    tensors = {"a_desc": a, "b_desc": b2, "sa_desc": sa_flat, "c_desc": c, "sb_desc": sb_flat}
     return tuple(TensorDescriptor.from_tensor(tensors[name], block, _box_layout(block, dtype))
-                 for name, (block, dtype, _) in boxes(bn, bm, a_rows).items())
+                 for name, (block, dtype, _) in boxes(bn, bm, a_rows, sb_k).items())
 
 
 def _stages(bn, bm=BM):
@@ -610,14 +676,16 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None, sb_prefetch=None):
+           splits=1, bm=None, stages=None, a_rows=None, sb_prefetch=None, sb_stage=None):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
     caller checked plan(). Dense with splits > 1: out is FP32 [splits, M, N], split s's partial
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
     _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_prefetch: the
-    producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS)."""
+    producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS); sb_stage:
+    B-scale rows staged in shared memory (default: for tile heights in SB_STAGE_ROWS where sb_stage_k
+    allows; forced on where it does not, a ValueError)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -644,12 +712,29 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     sb_e = sb.stride(0) if sb.dim() == 3 else 0
     sa_e = sa.stride(0) if sa.dim() == 3 else 0
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
-    descs = _descriptors(a2, b.reshape(-1, k), sa, out2, epi_tma, bn, bm, a_rows)
+    sb_k = sb_stage_k(sb, k, bn, splits)
+    if sb_stage is None:
+        sb_stage = bm in SB_STAGE_ROWS and sb_k > 0
+    elif sb_stage and not sb_k:
+        raise ValueError(f"sb_stage needs a tile of at most 128 columns, B's scales contiguous and 16-byte aligned "
+                         f"and at most {SB_STAGE_MAX} K blocks per tile (bn={bn}, K={k}, splits={splits})")
+    sb_k = sb_k if sb_stage else 0
+    descs = _descriptors(a2, b.reshape(-1, k), sa, sb, out2, epi_tma, bn, bm, a_rows, sb_k)
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
-                               maxnreg=168, SB_PF=_sb_prefetch(bm, sb_prefetch))
+                               maxnreg=168, SB_PF=0 if sb_k else _sb_prefetch(bm, sb_prefetch), SB_STAGE=int(sb_k > 0))
     return out
+
+
+def sb_stage_k(sb, k, bn, splits=1):
+    """The B-scale run a tile stages (its box: the tile's K blocks rounded up to a power of two, at
+    least 4 for a 16-byte box), or 0 where staging cannot run: a tile over 128 columns, B's scales not
+    contiguous or 16-byte aligned, or more than SB_STAGE_MAX K blocks per tile."""
+    per = cdiv(cdiv(k, BK), splits)
+    if bn > 128 or not sb.is_contiguous() or sb.data_ptr() % 16 or per > SB_STAGE_MAX:
+        return 0
+    return max(4, 1 << (per - 1).bit_length())
 
 
 def _sb_prefetch(bm, sb_prefetch=None) -> int:
@@ -657,22 +742,23 @@ def _sb_prefetch(bm, sb_prefetch=None) -> int:
     return int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch)
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None, sb_k=0):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows;
-    sb_prefetch: the producer's B-scale prefetch (default: as launch() takes it for bm)."""
+    sb_prefetch: the producer's B-scale prefetch (default: as launch() takes it for bm); sb_k: the
+    staged B-scale run (sb_stage_k's; 0: none)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: f"tensordesc<{ty}{block},{_box_layout(block, dtype)!r}>"
-           for name, (block, dtype, ty) in boxes(bn, bm, a_rows).items()}
+           for name, (block, dtype, ty) in boxes(bn, bm, a_rows, sb_k).items()}
     sig |= {name: ("*fp32" if split else "*bf16") if name == "d_ptr" else "*fp32" if name == "sb_ptr" else "*i32"
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
     const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
-             "SB_PF": _sb_prefetch(bm, sb_prefetch)}
+             "SB_PF": 0 if sb_k else _sb_prefetch(bm, sb_prefetch), "SB_STAGE": int(sb_k > 0)}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
