@@ -424,12 +424,13 @@ def test_sb_prefetch_grouped_and_masked_are_bit_identical(monkeypatch):
 
 
 def test_sb_stage_k_boxes_a_tiles_scale_run_or_refuses():
-    """sb_stage_k: a tile's K blocks (per split) rounded up to a power of two, at least 4 (a 16-byte
-    box); 0 for wide tiles, non-contiguous scales or more than SB_STAGE_MAX K blocks."""
+    """sb_stage_k: a tile's K blocks (per split) rounded up to a power of two, at least 32 (128 bytes,
+    so that both buffers are TMA destinations); 0 for wide tiles, non-contiguous scales or more than
+    SB_STAGE_MAX K blocks."""
     sb = torch.empty(32, 56)  # N=4096, K=7168
     assert W.sb_stage_k(sb, 7168, 64) == 64 and W.sb_stage_k(sb, 7168, 128) == 64
-    assert W.sb_stage_k(sb, 7168, 64, splits=4) == 16  # 14 K blocks a split
-    assert W.sb_stage_k(sb, 512, 128) == 4 and W.sb_stage_k(sb, 1664, 128) == 16
+    assert W.sb_stage_k(sb, 7168, 64, splits=4) == 32  # 14 K blocks a split
+    assert W.sb_stage_k(sb, 512, 128) == 32 and W.sb_stage_k(sb, 16384, 128, splits=2) == 64
     assert W.sb_stage_k(sb, 7168, W.WIDE_BN) == 0
     assert W.sb_stage_k(torch.empty(56, 32).t(), 7168, 128) == 0
     assert W.sb_stage_k(torch.empty(2, 257), 257 * 128, 128) == 0
@@ -440,28 +441,38 @@ def test_sb_stage_k_boxes_a_tiles_scale_run_or_refuses():
 @pytest.mark.parametrize("m,n,k,bn,bm", [(128, 4096, 1664, 128, 64), (64, 7168, 2048, 64, 64),
                                          (64, 2000, 7168, 64, 64), (256, 2000, 1664, 128, 128),
                                          (300, 2000, 896, 64, 128)])
-def test_sb_stage_is_bit_identical(monkeypatch, m, n, k, bn, bm):
+def test_sb_stage_is_bit_identical(m, n, k, bn, bm):
     """B-scale rows staged in shared memory: the same scales in the same products, so every tile shape
     (64-row, 128-row, narrow; K runs of 13, 16, 56 and 7 blocks, whose boxes read past the row and, in
-    the last row, past the tensor) gives the Triton kernel's output bit for bit; guard columns stay
-    poisoned."""
+    the last row, past the tensor) gives the kernel's output without staging bit for bit (and that is
+    the Triton kernel's, test_sb_prefetch_is_bit_identical and the dispatch tests); guard columns stay
+    poisoned, and the result is within TOL of the float64 oracle."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
-    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
-    out = buf[:, :n]
-    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, sb_stage=True)
-    assert torch.equal(out, _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb))
-    assert bool(torch.isnan(buf[:, n:]).all())
+    outs = []
+    for stage in (False, True):
+        buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, buf[:, :n], bn=bn, bm=bm, sb_prefetch=False, sb_stage=stage)
+        assert bool(torch.isnan(buf[:, n:]).all())
+        outs.append(buf[:, :n])
+    assert torch.equal(outs[1], outs[0])
+    assert rel_l2(outs[1].double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
     with pytest.raises(ValueError, match="sb_stage needs a tile of at most 128 columns"):
-        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=W.WIDE_BN, bm=128, sb_stage=True)
+        W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, outs[0], bn=W.WIDE_BN, bm=128, sb_stage=True)
 
 
 @pytest.mark.gpu_sm90
 def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
     """Staging as the dispatch takes it (SB_STAGE_ROWS for both tile heights): K splits (each split's
-    run from its first K block), the contiguous walk (per-expert rows) and the masked walk. Each call
-    must stage (launch's sb_k, recorded) and equal the Triton kernel bit for bit."""
-    monkeypatch.setattr(W, "SB_STAGE_ROWS", frozenset({W.HALF_BM, W.BM}))
+    run from its first K block), the contiguous walk (per-expert rows, counters) and the masked walk.
+    Each call must stage (launch's sb_k, recorded) and equal the dispatch without staging bit for bit."""
     staged = []
+
+    def unstaged(fn, *args, **kwargs):
+        with monkeypatch.context() as mp:
+            mp.setattr(W, "SB_STAGE_ROWS", frozenset())
+            return fn(*args, **kwargs)
+
+    monkeypatch.setattr(W, "SB_STAGE_ROWS", frozenset({W.HALF_BM, W.BM}))
     descriptors = W._descriptors
     monkeypatch.setattr(W, "_descriptors", lambda *args: staged.append(args[-1]) or descriptors(*args))
     for m, n, k in [(128, 1024, 7168), (128, 7168, 2048), (200, 4096, 3200)]:
@@ -469,14 +480,15 @@ def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
         staged.clear()
         got = G.fp8_gemm_nt(a, sa, b, sb)
         assert staged and staged[-1] > 0, (m, n, k)
-        assert torch.equal(got, _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb)), (m, n, k)
+        assert torch.equal(got, unstaged(G.fp8_gemm_nt, a, sa, b, sb)), (m, n, k)
+        assert rel_l2(got.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
     e, mmax, n, k = 5, 256, 2112, 640
     a, sa, b, sb = masked_operands(e, mmax, n, k, "fp32", "cuda", seed=7)
     masked = torch.tensor([0, 1, 200, mmax, 129], dtype=torch.int32, device="cuda")
     staged.clear()
     got = G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, masked, expected_m=256)
     assert staged and staged[-1] > 0
-    ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_masked, a, sa, b, sb, masked, expected_m=256)
+    ref = unstaged(G.m_grouped_fp8_gemm_nt_masked, a, sa, b, sb, masked, expected_m=256)
     for i, mm in enumerate(masked.tolist()):
         assert torch.equal(got[i, :mm], ref[i, :mm])
     ids = torch.arange(4, dtype=torch.int32, device="cuda").repeat_interleave(256)
@@ -487,5 +499,5 @@ def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
     staged.clear()
     got = G.m_grouped_fp8_gemm_nt_contiguous(a2, sa2, b2, sb2, ids, counters=cnt)
     assert staged and staged[-1] > 0
-    ref = _triton(monkeypatch, G.m_grouped_fp8_gemm_nt_contiguous, a2, sa2, b2, sb2, ids, counters=cnt_ref)
+    ref = unstaged(G.m_grouped_fp8_gemm_nt_contiguous, a2, sa2, b2, sb2, ids, counters=cnt_ref)
     assert torch.equal(got, ref) and torch.equal(cnt, cnt_ref)

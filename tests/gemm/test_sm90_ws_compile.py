@@ -141,8 +141,8 @@ def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
 
 
 @pytest.mark.parametrize("mode,epi_tma,bn,split,bm,sb_k", [
-    (0, 1, 64, 0, H, 64), (0, 1, 128, 0, H, 64), (0, 0, 64, 1, H, 16), (0, 1, 128, 0, 128, 64),
-    (0, 0, sm90_ws.NARROW_BN, 1, 128, 4), (1, 1, 128, 0, 128, 64), (2, 1, 128, 0, 128, 16),
+    (0, 1, 64, 0, H, 64), (0, 1, 128, 0, H, 64), (0, 0, 64, 1, H, 32), (0, 1, 128, 0, 128, 64),
+    (0, 0, sm90_ws.NARROW_BN, 1, 128, 32), (1, 1, 128, 0, 128, 64), (2, 1, 128, 0, 128, 32),
     (2, 0, sm90_ws.NARROW_BN, 0, 128, 256)],
     ids=["half64", "half128", "half64-split_k", "dense", "narrow-split_k", "contiguous", "masked", "narrow-masked"])
 def test_sb_stage_variants_compile_without_spills(tmp_path, mode, epi_tma, bn, split, bm, sb_k):

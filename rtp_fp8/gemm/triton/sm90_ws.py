@@ -729,12 +729,13 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
 
 def sb_stage_k(sb, k, bn, splits=1):
     """The B-scale run a tile stages (its box: the tile's K blocks rounded up to a power of two, at
-    least 4 for a 16-byte box), or 0 where staging cannot run: a tile over 128 columns, B's scales not
-    contiguous or 16-byte aligned, or more than SB_STAGE_MAX K blocks per tile."""
+    least 32, so that the second buffer starts 128 bytes in as a TMA destination must), or 0 where
+    staging cannot run: a tile over 128 columns, B's scales not contiguous or 16-byte aligned, or more
+    than SB_STAGE_MAX K blocks per tile."""
     per = cdiv(cdiv(k, BK), splits)
     if bn > 128 or not sb.is_contiguous() or sb.data_ptr() % 16 or per > SB_STAGE_MAX:
         return 0
-    return max(4, 1 << (per - 1).bit_length())
+    return max(32, 1 << (per - 1).bit_length())
 
 
 def _sb_prefetch(bm, sb_prefetch=None) -> int:
