@@ -424,17 +424,18 @@ def test_sb_prefetch_grouped_and_masked_are_bit_identical(monkeypatch):
 
 
 def test_sb_stage_k_boxes_a_tiles_scale_run_or_refuses():
-    """sb_stage_k: a tile's K blocks (per split) rounded up to a power of two, at least 32 (128 bytes,
-    so that both buffers are TMA destinations); 0 for wide tiles, non-contiguous scales or more than
-    SB_STAGE_MAX K blocks."""
+    """sb_stage_k: a tile's K blocks (per split) and the 3 an aligned start may take in, rounded up to a
+    power of two, at least 32 (128 bytes, so that both buffers are TMA destinations); 0 for wide
+    tiles, non-contiguous scales or a box over SB_STAGE_MAX."""
     sb = torch.empty(32, 56)  # N=4096, K=7168
     assert W.sb_stage_k(sb, 7168, 64) == 64 and W.sb_stage_k(sb, 7168, 128) == 64
     assert W.sb_stage_k(sb, 7168, 64, splits=4) == 32  # 14 K blocks a split
-    assert W.sb_stage_k(sb, 512, 128) == 32 and W.sb_stage_k(sb, 16384, 128, splits=2) == 64
+    assert W.sb_stage_k(sb, 512, 128) == 32 and W.sb_stage_k(sb, 16384, 128, splits=2) == 128
+    assert W.sb_stage_k(sb, 128 * 61, 128) == 64 and W.sb_stage_k(sb, 128 * 62, 128) == 128
     assert W.sb_stage_k(sb, 7168, W.WIDE_BN) == 0
     assert W.sb_stage_k(torch.empty(56, 32).t(), 7168, 128) == 0
-    assert W.sb_stage_k(torch.empty(2, 257), 257 * 128, 128) == 0
-    assert W.sb_stage_k(torch.empty(2, 256), 256 * 128, 128) == 256
+    assert W.sb_stage_k(torch.empty(2, 254), 254 * 128, 128) == 0
+    assert W.sb_stage_k(torch.empty(2, 253), 253 * 128, 128) == 256
 
 
 @pytest.mark.gpu_sm90
@@ -444,7 +445,8 @@ def test_sb_stage_k_boxes_a_tiles_scale_run_or_refuses():
 def test_sb_stage_is_bit_identical(m, n, k, bn, bm):
     """B-scale rows staged in shared memory: the same scales in the same products, so every tile shape
     (64-row, 128-row, narrow; K runs of 13, 16, 56 and 7 blocks, whose boxes read past the row and, in
-    the last row, past the tensor) gives the kernel's output without staging bit for bit (and that is
+    the last row, past the tensor; with 13 and 7, odd rows start off a 16-byte boundary, so the box
+    starts before them) gives the kernel's output without staging bit for bit (and that is
     the Triton kernel's, test_sb_prefetch_is_bit_identical and the dispatch tests); guard columns stay
     poisoned, and the result is within TOL of the float64 oracle."""
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)

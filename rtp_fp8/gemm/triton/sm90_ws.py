@@ -299,8 +299,10 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, t, desc
     sb_row = sb_ptr + e * stride_sbe + (col0 // 128) * stride_sbn  # the tile's first 128-column block's B scales
     acc = zero
     if TN <= 128:
+        k0 = k_lo
         if SBS:
             SBK: gl.constexpr = sb_bufs.shape[1]
+            k0 = k_lo - _sb_flat(e, col0, k_lo, stride_sbe, stride_sbn) % 4  # the box starts at the aligned run
             mbarrier.wait(sb_full.index(t % 2), (t // 2) & 1)
             sbv = sb_bufs.index(t % 2)._reinterpret(gl.float32, [SBK, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
@@ -311,12 +313,12 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, t, desc
         sb = 0.0
         for kb in range(k_lo, k_lo + nk - 1, 2):
             acc, part, sa, sb, g = _step(c, kb, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero, row_layout,
-                                         sbv, k_lo, SBS)
+                                         sbv, k0, SBS)
             acc, part, sa, sb, g = _step(c, kb + 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout, sbv, k_lo, SBS)
+                                         row_layout, sbv, k0, SBS)
         if nk % 2 == 1:
             acc, part, sa, sb, g = _step(c, k_lo + nk - 1, g, acc, part, sa, sb, ring, sb_row, stride_sbk, zero,
-                                         row_layout, sbv, k_lo, SBS)
+                                         row_layout, sbv, k0, SBS)
         if SBS:  # every scale read: the producer may refill the buffer
             mbarrier.arrive(sb_empty.index(t % 2), count=1)
         acc = acc + part * gl.expand_dims(sa * sb, 1)
@@ -406,15 +408,23 @@ def _prefetch_scales(sb_ptr, e, col0, k_lo, nk, N, TN: gl.constexpr, stride_sbe,
 
 
 @gluon.jit
+def _sb_flat(e, col0, k_lo, stride_sbe, stride_sbn):
+    """The flat index in B's scales of K block k_lo's scale for the tile of expert e from column col0."""
+    return e * stride_sbe + (col0 // 128) * stride_sbn + k_lo
+
+
+@gluon.jit
 def _stage_scales(t, sb0, descs, bufs):
     """The partition's t-th tile's B-scale row into buffer t % 2: one TMA box from flat element sb0 (the
-    tile's first K block), once the consumers have released the buffer's previous tile."""
+    tile's first K block) rounded down to a multiple of 4 (a TMA box's innermost coordinate must be
+    16-byte aligned, else the copy is an illegal instruction; the consumers skip the sb0 % 4 before it),
+    once the consumers have released the buffer's previous tile."""
     sb_desc = descs[4]
     sb_bufs, sb_full, sb_empty = bufs[6], bufs[7], bufs[8]
     mbarrier.wait(sb_empty.index(t % 2), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
     fence_async_shared()  # the consumers' shared loads of the buffer's previous row come first
     mbarrier.expect(sb_full.index(t % 2), sb_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(sb_desc, [sb0], sb_full.index(t % 2), sb_bufs.index(t % 2))
+    tma.async_copy_global_to_shared(sb_desc, [sb0 - sb0 % 4], sb_full.index(t % 2), sb_bufs.index(t % 2))
 
 
 @gluon.jit
@@ -467,7 +477,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
         while e < E:
             pid_m, pid_n = _coords(tile - base, gl.cdiv(mm, 128), tiles_n, GROUP_M)
             if SBS:
-                _stage_scales(t, e * stride_sbe + (pid_n * TN // 128) * stride_sbn, descs, bufs)
+                _stage_scales(t, _sb_flat(e, pid_n * TN, 0, stride_sbe, stride_sbn), descs, bufs)
                 t += 1
             if PF:
                 _prefetch_scales(sb_ptr, e, pid_n * TN, 0, gl.cdiv(K, 128), N, TN, stride_sbe, stride_sbn, stride_sbk)
@@ -479,7 +489,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
         for item in range(pid, TILES_M * tiles_n * SPLITS, nprog):
             pid_m, pid_n, e, k_lo, nk = _item(item, SPLITS, TILES_M, tiles_n, GROUP_M, grp_ptr, K, E, MODE)
             if SBS:
-                _stage_scales(t, e * stride_sbe + (pid_n * TN // 128) * stride_sbn + k_lo, descs, bufs)
+                _stage_scales(t, _sb_flat(e, pid_n * TN, k_lo, stride_sbe, stride_sbn), descs, bufs)
                 t += 1
             if PF:
                 _prefetch_scales(sb_ptr, e, pid_n * TN, k_lo, nk, N, TN, stride_sbe, stride_sbn, stride_sbk)
@@ -728,11 +738,11 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
 
 
 def sb_stage_k(sb, k, bn, splits=1):
-    """The B-scale run a tile stages (its box: the tile's K blocks rounded up to a power of two, at
-    least 32, so that the second buffer starts 128 bytes in as a TMA destination must), or 0 where
-    staging cannot run: a tile over 128 columns, B's scales not contiguous or 16-byte aligned, or more
-    than SB_STAGE_MAX K blocks per tile."""
-    per = cdiv(cdiv(k, BK), splits)
+    """The B-scale run a tile stages: its box holds the tile's K blocks (per split) and the up to 3 before
+    them that its 16-byte aligned start takes in, rounded up to a power of two and at least 32 (so that
+    the second buffer starts 128 bytes in, as a TMA destination must). 0 where staging cannot run: a
+    tile over 128 columns, B's scales not contiguous or 16-byte aligned, or a box over SB_STAGE_MAX."""
+    per = cdiv(cdiv(k, BK), splits) + 3
     if bn > 128 or not sb.is_contiguous() or sb.data_ptr() % 16 or per > SB_STAGE_MAX:
         return 0
     return max(32, 1 << (per - 1).bit_length())
