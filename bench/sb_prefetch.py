@@ -1,6 +1,6 @@
 """sm90_ws's producer prefetching each tile's B-scale row into the L2 (sm90_ws.SB_PREFETCH_ROWS: the
-tile heights that do), or staging it in shared memory (sm90_ws.SB_STAGE_ROWS), against neither for
-every tile height through the shipped dispatch, and with deeper rings (issue #28).
+tile heights that do), or staging it in shared memory (sm90_ws.SB_STAGE_TILES), against neither and
+the shipped defaults, through the shipped dispatch, and with deeper rings (issue #28).
 
     PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only | --large-only]
 
@@ -17,12 +17,13 @@ Timed: the dispatch on the dense M=64-256 shapes (on the H200: sm90_ws's 64-row 
 (64, 7168, 2048) and (128, 4096, 7168), its 128-row tiles at the other M=128 and 256 shapes, and the
 swapped kernel at (64, 4096, 7168), a control), and bench/gemm.py's M=4096 dense and contiguous
 shapes. Operand sets are rotated past the L2 (bench.common.operand_sets). Each rep times off, on
-(prefetch) and stage, then on and stage with each `--stages` ring depth (shapes whose tile cannot hold
-that ring say so; wide tiles cannot stage, so there "stage" is "off" again).
+(prefetch), stage (every tile of at most 128 columns, at SB_STAGE_TILES's ring where it lists one) and
+shipped, then on and stage with each `--stages` ring depth (shapes whose tile cannot hold that ring say
+so; wide tiles cannot stage, so there "stage" is "off" again).
 Medians over reps of each rep's CUDA-graph median; each rep's times are kept. Every variant's
 output on set 0 must equal off's bit for bit (the same loads and products; only an L2 hint is
 added, or the same scales read from shared memory), else the row says so. Each variant sets every tile
-height alike (SB_PREFETCH_ROWS / SB_STAGE_ROWS empty, or 64 and 128). TFLOP/s beside cuBLASLt's FP8
+height alike (SB_PREFETCH_ROWS empty, or 64 and 128). TFLOP/s beside cuBLASLt's FP8
 GEMM measured in the same run.
 """
 
@@ -51,23 +52,33 @@ def cases(decode_only=False, large_only=False):
             grouped_call, 5
 
 
+# every (mode, rows, width) a tile of at most 128 columns can have (sm90_ws.SB_STAGE_TILES's keys)
+STAGE_TILES = [(mode, bm, bn) for mode in (0, 1, 2) for bm in (W.HALF_BM, W.BM) for bn in (W.NARROW_BN, W.BN)]
+
+
 @contextlib.contextmanager
-def variant(prefetch: bool, stages: int | None, stage: bool = False):
-    """Every tile height's prefetch on or off, its staging on or off, and every sm90_ws launch's ring at
-    `stages` slots (None: the shipped depth)."""
+def variant(prefetch: bool | None, stages: int | None, stage: bool = False):
+    """prefetch None: the shipped defaults, untouched. Else every tile height's prefetch on or off, every
+    tile's staging on (at SB_STAGE_TILES's ring where it lists one) or off, and every sm90_ws launch's
+    ring at `stages` slots (None: the shipped depth)."""
+    if prefetch is None:
+        yield
+        return
     both = frozenset({W.HALF_BM, W.BM})
+    table = {t: stages or W.SB_STAGE_TILES.get(t) for t in STAGE_TILES} if stage else {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(W, "SB_PREFETCH_ROWS", both if prefetch else frozenset()))
-        stack.enter_context(mock.patch.object(W, "SB_STAGE_ROWS", both if stage else frozenset()))
+        stack.enter_context(mock.patch.object(W, "SB_STAGE_TILES", table))
         if stages is not None:
             stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
         yield
 
 
 def variants(stages):
-    """[(label, prefetch, stage, ring slots)]: off, on and stage at the shipped ring, then on and stage at
-    each of stages."""
-    return [("off", False, False, None), ("on", True, False, None), ("stage", False, True, None)] + [
+    """[(label, prefetch, stage, ring slots)]: off, on and stage at the shipped rings and the shipped
+    defaults, then on and stage at each of stages."""
+    return [("off", False, False, None), ("on", True, False, None), ("stage", False, True, None),
+            ("shipped", None, False, None)] + [
         v for n in stages for v in ((f"on s{n}", True, False, n), (f"stage s{n}", False, True, n))]
 
 
@@ -120,12 +131,13 @@ def main():
         dump(args.out, res)
     labels = [label for label, *_ in variants(args.stages)]
     print(f"cuBLASLt FP8 {ceiling:.0f} TFLOP/s")
-    print(f"{'kind':<11}{'shape':<24}" + "".join(f"{label:>10}" for label in labels) + f"{'off/on':>8}{'off/stg':>8}")
+    heads = "".join(f"{h:>8}" for h in ("off/on", "off/stg", "off/shp"))
+    print(f"{'kind':<11}{'shape':<24}" + "".join(f"{label:>10}" for label in labels) + heads)
     for r in rows:
         us = r["us"]
         cells = "".join(f"{us[k]:10.2f}" if k in us else f"{'-':>10}" for k in labels)
         ratios = "".join(f"{us['off'] / us[k]:8.3f}" if {"off", k} <= us.keys() else f"{'nan':>8}"
-                         for k in ("on", "stage"))
+                         for k in ("on", "stage", "shipped"))
         print(f"{r['kind']:<11}{str(r['shape']):<24}{cells}{ratios}  {r['failed'] or ''}")
 
 

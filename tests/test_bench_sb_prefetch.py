@@ -1,5 +1,6 @@
-"""bench/sb_prefetch.py's host side: measure() times neither, the prefetch and the staging, then both at each
-deeper ring in turn, each rep; restores SB_PREFETCH_ROWS, SB_STAGE_ROWS and the ring depth; reports a variant
+"""bench/sb_prefetch.py's host side: measure() times neither, the prefetch, the staging and the shipped
+defaults, then the prefetch and the staging at each
+deeper ring in turn, each rep; restores SB_PREFETCH_ROWS, SB_STAGE_TILES and the ring depth; reports a variant
 whose output differs or that cannot run instead of timing it. The timings come from the GPU."""
 
 import torch
@@ -20,34 +21,38 @@ def _copy(x, out):
 def test_variants_take_turns_and_everything_is_restored(monkeypatch):
     seen = []
 
+    shipped, staged, depth = W.SB_PREFETCH_ROWS, dict(W.SB_STAGE_TILES), W._stages(128)
+
     def fake(call, sets):
-        seen.append((bool(W.SB_PREFETCH_ROWS), bool(W.SB_STAGE_ROWS), W._stages(128)))
-        return (1.5 if W.SB_PREFETCH_ROWS else 1.25 if W.SB_STAGE_ROWS else 2.0) / 1024
+        now = (W.SB_PREFETCH_ROWS, W.SB_STAGE_TILES)
+        seen.append(("shipped" if now == (shipped, staged) else len(W.SB_PREFETCH_ROWS), len(W.SB_STAGE_TILES),
+                     W._stages(128)))
+        return (1.5 if len(W.SB_PREFETCH_ROWS) == 2 else 1.25 if W.SB_STAGE_TILES else 2.0) / 1024
     monkeypatch.setattr(P, "rotated_ms", fake)
-    shipped, staged, depth = W.SB_PREFETCH_ROWS, W.SB_STAGE_ROWS, W._stages(128)
     r = P.measure(_copy, _sets(), 1, reps=2, stages=(9,))
-    assert seen == [(False, False, depth), (True, False, depth), (False, True, depth), (True, False, 9),
-                    (False, True, 9)] * 2
-    assert r["us"] == {"off": 2e3 / 1024, "on": 1.5e3 / 1024, "stage": 1.25e3 / 1024, "on s9": 1.5e3 / 1024,
-                       "stage s9": 1.25e3 / 1024}
+    every = len(P.STAGE_TILES)
+    assert seen == [(0, 0, depth), (2, 0, depth), (0, every, depth), ("shipped", len(staged), depth), (2, 0, 9),
+                    (0, every, 9)] * 2
+    assert r["us"] == {"off": 2e3 / 1024, "on": 1.5e3 / 1024, "stage": 1.25e3 / 1024, "shipped": 1.25e3 / 1024,
+                       "on s9": 1.5e3 / 1024, "stage s9": 1.25e3 / 1024}
     assert r["reps_us"]["on s9"] == [1.5e3 / 1024] * 2 and r["failed"] == {}
-    assert (W.SB_PREFETCH_ROWS, W.SB_STAGE_ROWS, W._stages(128)) == (shipped, staged, depth)
+    assert (W.SB_PREFETCH_ROWS, W.SB_STAGE_TILES, W._stages(128)) == (shipped, staged, depth)
 
 
 def test_a_differing_or_failing_variant_is_reported_not_timed(monkeypatch):
     seen = []
-    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(bool(W.SB_PREFETCH_ROWS)) or 1e-3)
+    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(len(W.SB_PREFETCH_ROWS)) or 1e-3)
 
     def call(x, out):
         if W._stages(128) == 12:
             raise RuntimeError("out of shared memory")
-        out.copy_(x + (1.0 if W.SB_PREFETCH_ROWS else 0.0))
+        out.copy_(x + (1.0 if len(W.SB_PREFETCH_ROWS) == 2 else 0.0))
 
     r = P.measure(call, _sets(), 1, reps=2, stages=(12,))
     assert r["failed"] == {"on": "differs from the output with neither",
                            "on s12": "cannot run: RuntimeError: out of shared memory",
                            "stage s12": "cannot run: RuntimeError: out of shared memory"}
-    assert r["us"].keys() == {"off", "stage"} and seen == [False, False, False, False]
+    assert r["us"].keys() == {"off", "stage", "shipped"} and seen == [0, 0, 1] * 2
 
 
 def test_cases_cover_decode_and_m4096():
@@ -59,12 +64,18 @@ def test_cases_cover_decode_and_m4096():
     assert [c[1] for c in P.cases(large_only=True)] == shapes[6:]
 
 
-def test_variants_cover_every_tile_height():
+def test_variants_cover_every_tile():
     with P.variant(False, None):
-        assert W.SB_PREFETCH_ROWS == frozenset() and W.SB_STAGE_ROWS == frozenset()
+        assert W.SB_PREFETCH_ROWS == frozenset() and W.SB_STAGE_TILES == {}
     with P.variant(True, 7):
-        assert W.SB_PREFETCH_ROWS == {W.HALF_BM, W.BM} and W._stages(256) == 7
-    with P.variant(False, None, stage=True):
-        assert W.SB_PREFETCH_ROWS == frozenset() and W.SB_STAGE_ROWS == {W.HALF_BM, W.BM}
-    assert W.SB_PREFETCH_ROWS == {W.HALF_BM}  # the shipped default: 64-row tiles prefetch
-    assert W.SB_STAGE_ROWS == frozenset()  # and none stages
+        assert W.SB_PREFETCH_ROWS == {W.HALF_BM, W.BM} and W._stages(256) == 7 and W.SB_STAGE_TILES == {}
+    with P.variant(False, None, stage=True):  # every tile stages, at the shipped table's ring where it has one
+        assert W.SB_PREFETCH_ROWS == frozenset() and W.SB_STAGE_TILES.keys() == set(P.STAGE_TILES)
+        assert W.SB_STAGE_TILES[(0, W.HALF_BM, 64)] == 8 and W.SB_STAGE_TILES[(1, W.BM, 128)] is None
+    with P.variant(False, 9, stage=True):
+        assert set(W.SB_STAGE_TILES.values()) == {9} and W._stages(64) == 9
+    with P.variant(None, None):
+        assert W.SB_PREFETCH_ROWS == {W.HALF_BM}
+    # the shipped defaults: 64-row tiles prefetch, dense 64x64 and 128x64 tiles stage in an 8-slot ring
+    assert W.SB_PREFETCH_ROWS == {W.HALF_BM}
+    assert W.SB_STAGE_TILES == {(0, W.HALF_BM, 64): 8, (0, W.BM, W.NARROW_BN): 8}

@@ -401,7 +401,7 @@ def test_sb_prefetch_is_bit_identical(monkeypatch, m, n, k, bn, bm):
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
     buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
-    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, sb_prefetch=True)
+    W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, bn=bn, bm=bm, sb_prefetch=True, sb_stage=False)
     assert torch.equal(out, _triton(monkeypatch, G.fp8_gemm_nt, a, sa, b, sb))
     assert bool(torch.isnan(buf[:, n:]).all())
 
@@ -464,17 +464,19 @@ def test_sb_stage_is_bit_identical(m, n, k, bn, bm):
 
 @pytest.mark.gpu_sm90
 def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
-    """Staging as the dispatch takes it (SB_STAGE_ROWS for both tile heights): K splits (each split's
-    run from its first K block), the contiguous walk (per-expert rows, counters) and the masked walk.
-    Each call must stage (launch's sb_k, recorded) and equal the dispatch without staging bit for bit."""
+    """Staging as the dispatch takes it (SB_STAGE_TILES: the shipped dense tiles in their 8-slot ring; here
+    also every other tile of at most 128 columns, at its usual ring): K splits (each split's run from its
+    first K block), the contiguous walk (per-expert rows, counters) and the masked walk. Each call must
+    stage (launch's sb_k, recorded) and equal the dispatch without staging bit for bit."""
     staged = []
 
     def unstaged(fn, *args, **kwargs):
         with monkeypatch.context() as mp:
-            mp.setattr(W, "SB_STAGE_ROWS", frozenset())
+            mp.setattr(W, "SB_STAGE_TILES", {})
             return fn(*args, **kwargs)
 
-    monkeypatch.setattr(W, "SB_STAGE_ROWS", frozenset({W.HALF_BM, W.BM}))
+    every = {(mode, bm, bn): None for mode in (0, 1, 2) for bm in (W.HALF_BM, W.BM) for bn in (64, 128)}
+    monkeypatch.setattr(W, "SB_STAGE_TILES", every | W.SB_STAGE_TILES)
     descriptors = W._descriptors
     monkeypatch.setattr(W, "_descriptors", lambda *args: staged.append(args[-1]) or descriptors(*args))
     for m, n, k in [(128, 1024, 7168), (128, 7168, 2048), (200, 4096, 3200)]:

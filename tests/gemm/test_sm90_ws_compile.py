@@ -37,7 +37,7 @@ out = pathlib.Path(sys.argv[1])
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
                                bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None,
                                sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else None,
-                               sb_k=int(sys.argv[9]) if len(sys.argv) > 9 else 0)
+                               sb_k=int(sys.argv[9]) if len(sys.argv) > 9 else None)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -48,7 +48,7 @@ H = sm90_ws.HALF_BM
 
 def _compile(tmp_path, *args):
     """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows[, sb_prefetch:
-    default launch()'s for bm[, sb_k: the staged B-scale run, default none]]) -> its PTX."""
+    default launch()'s for bm[, sb_k: the staged B-scale run, default launch()'s for the tile]]) -> its PTX."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
@@ -74,11 +74,13 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
     dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows)."""
     ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, a_rows)
     wide = bn == sm90_ws.WIDE_BN
-    # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D)
+    staged = (mode, bm, bn) in sm90_ws.SB_STAGE_TILES  # launch()'s default, in SB_STAGE_TILES's ring
+    # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D); per tile of a
+    # staged kernel, its B-scale row (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(
         "cp.async.bulk.tensor.2d.shared::cta.global") == 2
     assert ptx.count("cp.async.bulk.tensor.1d.shared::cta.global") + ptx.count(
-        "cp.async.bulk.tensor.1d.shared::cluster.global") == 1
+        "cp.async.bulk.tensor.1d.shared::cluster.global") == (2 if staged else 1)
     consumers = 1 if bm == H else 2  # a 64-row tile's one consumer runs it whole
     # the TMA epilogue: one 64-row store per consumer and 128-column half
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == ((4 if wide else consumers) if epi_tma else 0)
@@ -95,8 +97,9 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
         2 * 2 * 4 if wide else consumers * 3 * 4)
     assert ptx.count("wgmma.mma_async") == ptx.count(f"wgmma.mma_async.sync.aligned.m64n{width}k32")
     assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
-    # launch()'s default: the producer prefetches B-scale rows for the tile heights in SB_PREFETCH_ROWS
-    assert ("prefetch.global.L2" in ptx) == (bm in sm90_ws.SB_PREFETCH_ROWS)
+    # launch()'s default: the producer prefetches B-scale rows for the tile heights in SB_PREFETCH_ROWS,
+    # unless the tile stages them
+    assert ("prefetch.global.L2" in ptx) == (bm in sm90_ws.SB_PREFETCH_ROWS and not staged)
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -113,7 +116,7 @@ def test_barrier_probe_strips_only_the_consumer_loops_warpgroup_barriers(tmp_pat
     def syncs(text):
         return sum(1 for line in text.splitlines() if SYNC.match(line))
 
-    ptx = _compile(tmp_path, 0, 1, 64, 0, H, 0)
+    ptx = _compile(tmp_path, 0, 1, 64, 0, H, 0, 1, 0)  # as the probe launches it: without B-scale staging
     no_wait, n_wait = strip_syncs(ptx)
     no_sync, n_all = strip_syncs(ptx, ("mbarrier.try_wait", "mbarrier.arrive.shared"))
     assert (n_wait, n_all) == (3, 6)
@@ -131,13 +134,13 @@ def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
     """sb_prefetch (SB_PREFETCH_ROWS): the producer's L2 prefetch of the tile's B-scale row(s), one per
     row in the PTX (two for a wide tile), through ptxas for sm_90a with no spills; with it off the
     kernel has none."""
-    ptx = _compile(tmp_path, mode, 0, bn, 0, bm, 0, 1)
+    ptx = _compile(tmp_path, mode, 0, bn, 0, bm, 0, 1, 0)
     assert ptx.count("prefetch.global.L2") == (2 if bn == sm90_ws.WIDE_BN else 1)
     res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
                           str(tmp_path / "check.cubin")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
-    assert "prefetch.global.L2" not in _compile(tmp_path, mode, 0, bn, 0, bm, 0, 0)
+    assert "prefetch.global.L2" not in _compile(tmp_path, mode, 0, bn, 0, bm, 0, 0, 0)
 
 
 @pytest.mark.parametrize("mode,epi_tma,bn,split,bm,sb_k", [
@@ -146,7 +149,7 @@ def test_sb_prefetch_variants_compile_without_spills(tmp_path, mode, bn, bm):
     (2, 0, sm90_ws.NARROW_BN, 0, 128, 256)],
     ids=["half64", "half128", "half64-split_k", "dense", "narrow-split_k", "contiguous", "masked", "narrow-masked"])
 def test_sb_stage_variants_compile_without_spills(tmp_path, mode, epi_tma, bn, split, bm, sb_k):
-    """sb_stage (SB_STAGE_ROWS): the producer copies each tile's B-scale row into shared memory with a
+    """sb_stage (SB_STAGE_TILES): the producer copies each tile's B-scale row into shared memory with a
     second 1-D TMA, and the consumers read every step's scale there: dense kernels keep no global load at
     all, none prefetches, and ptxas for sm_90a reports no spills."""
     ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, 0, 1, sb_k)

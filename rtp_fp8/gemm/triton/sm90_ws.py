@@ -84,12 +84,16 @@ HALF_BM, HALF_MAX_ROWS = 64, 256
 # bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
 # M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
 SB_PREFETCH_ROWS = frozenset({HALF_BM})
-# Tile heights whose tiles of at most 128 columns stage their B-scale row in shared memory: the producer
-# copies the tile's run of K-block scales (one TMA box, SB_STAGE_MAX at most) into one of two buffers
-# when it starts the tile, and the consumers read each step's scale from there instead of a global load
-# in the K loop, as DeepGEMM's math warps do (they copy it themselves). An experiment until timed
-# (bench/sb_prefetch.py's "stage" variant); a tile that stages does not also prefetch.
-SB_STAGE_ROWS = frozenset()
+# Tiles (mode, rows, width) that stage their B-scale row in shared memory, and the ring slots each then
+# takes (None: its usual _stages): the producer copies the tile's run of K-block scales (one TMA box,
+# SB_STAGE_MAX at most) into one of two buffers when it starts the tile, and the consumers read each
+# step's scale there instead of a global load in the K loop, as DeepGEMM's math warps do (they copy it
+# themselves). A tile that stages does not also prefetch. On the H200 (bench/sb_prefetch.py, docs/perf.md,
+# 2026-12-05 eleventh session) staging alone changed nothing, but it let an 8-slot ring pay, where
+# before deeper rings traded slot waits for waits on the scales' loads: dense 64x64 tiles 1.4-1.7 %
+# and 128x64 tiles 2.6-3.9 % faster than shipped, in every rep, bit-identical. 128x128 tiles cannot
+# hold 8 slots; contiguous and masked tiles were not timed.
+SB_STAGE_TILES = {(0, HALF_BM, 64): 8, (0, BM, NARROW_BN): 8}
 SB_STAGE_MAX = 256  # a TMA box's elements
 HALF_WIDTHS = (128, 64)
 STAGES_HALF = {128: 4, 64: 6}
@@ -460,7 +464,7 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     """The TMA producer warp."""
     MODE: gl.constexpr = cfg.shape[0] - 1
     PF: gl.constexpr = cfg.shape[2] - 1  # the launch's sb_prefetch (SB_PREFETCH_ROWS)
-    SBS: gl.constexpr = cfg.shape[3] - 1  # and its sb_stage (SB_STAGE_ROWS)
+    SBS: gl.constexpr = cfg.shape[3] - 1  # and its sb_stage (SB_STAGE_TILES)
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
@@ -694,8 +698,8 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     sums go to out[s] (the caller adds them in split order). stages: the ring's slots (default
     _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_prefetch: the
     producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS); sb_stage:
-    B-scale rows staged in shared memory (default: for tile heights in SB_STAGE_ROWS where sb_stage_k
-    allows; forced on where it does not, a ValueError)."""
+    B-scale rows staged in shared memory, the ring then SB_STAGE_TILES's (default: for the tiles there,
+    where sb_stage_k allows; forced on where it does not, a ValueError)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -724,7 +728,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
     sb_k = sb_stage_k(sb, k, bn, splits)
     if sb_stage is None:
-        sb_stage = bm in SB_STAGE_ROWS and sb_k > 0
+        sb_stage = (mode, bm, bn) in SB_STAGE_TILES and sb_k > 0
     elif sb_stage and not sb_k:
         raise ValueError(f"sb_stage needs a tile of at most 128 columns, B's scales contiguous and 16-byte aligned "
                          f"and at most {SB_STAGE_MAX} K blocks per tile (bn={bn}, K={k}, splits={splits})")
@@ -732,7 +736,8 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     descs = _descriptors(a2, b.reshape(-1, k), sa, sb, out2, epi_tma, bn, bm, a_rows, sb_k)
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
-                               STAGES=stages or _stages(bn, bm), MODE=mode, EPI_TMA=int(epi_tma), num_warps=4,
+                               STAGES=stages or _ring(mode, bm, bn, sb_stage), MODE=mode, EPI_TMA=int(epi_tma),
+                               num_warps=4,
                                maxnreg=168, SB_PF=0 if sb_k else _sb_prefetch(bm, sb_prefetch), SB_STAGE=int(sb_k > 0))
     return out
 
@@ -748,16 +753,25 @@ def sb_stage_k(sb, k, bn, splits=1):
     return max(32, 1 << (per - 1).bit_length())
 
 
+def _ring(mode, bm, bn, staged):
+    """Ring slots of a launch: SB_STAGE_TILES's for a staged tile listed there with a depth, else _stages."""
+    return (SB_STAGE_TILES.get((mode, bm, bn)) if staged else None) or _stages(bn, bm)
+
+
 def _sb_prefetch(bm, sb_prefetch=None) -> int:
     """The kernel's SB_PF: sb_prefetch where given, else whether tiles of bm rows prefetch (SB_PREFETCH_ROWS)."""
     return int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch)
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None, sb_k=0):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None, sb_k=None):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows;
     sb_prefetch: the producer's B-scale prefetch (default: as launch() takes it for bm); sb_k: the
-    staged B-scale run (sb_stage_k's; 0: none)."""
+    staged B-scale run (sb_stage_k's; 0: none; default: as launch() takes it for the tile at K=7168,
+    SB_STAGE_TILES's ring with it)."""
+    bn = bn or BN
+    if sb_k is None:
+        sb_k = 64 if (mode, bm, bn) in SB_STAGE_TILES else 0
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -768,7 +782,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
             for name in ("d_ptr", "sb_ptr", "grp_ptr", "cnt_ptr")}
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
-    const = {"STAGES": _stages(bn, bm), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
+    const = {"STAGES": _ring(mode, bm, bn, sb_k > 0), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
              "SB_PF": 0 if sb_k else _sb_prefetch(bm, sb_prefetch), "SB_STAGE": int(sb_k > 0)}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
