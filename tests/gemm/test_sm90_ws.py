@@ -438,6 +438,21 @@ def test_sb_stage_k_boxes_a_tiles_scale_run_or_refuses():
     assert W.sb_stage_k(torch.empty(2, 253), 253 * 128, 128) == 256
 
 
+def test_launch_stages_the_timed_dense_tiles_unsplit_in_their_ring(monkeypatch):
+    """The shipped default (SB_STAGE_TILES): dense 64x64 and 128x64 tiles stage in an 8-slot ring when
+    unsplit and sb_stage_k gives a box; split, contiguous, masked, 128x128 and 64x128 tiles keep their
+    usual rings without staging."""
+    assert W.sb_stage_default(0, W.HALF_BM, 64, 64) and W._ring(0, W.HALF_BM, 64, True) == 8
+    assert W.sb_stage_default(0, W.BM, W.NARROW_BN, 32) and W._ring(0, W.BM, W.NARROW_BN, True) == 8
+    assert not W.sb_stage_default(0, W.HALF_BM, 64, 64, splits=4)
+    assert not W.sb_stage_default(0, W.HALF_BM, 64, 0)  # sb_stage_k refused (e.g. unaligned scales)
+    for key in [(1, W.BM, W.NARROW_BN), (2, W.BM, W.NARROW_BN), (0, W.BM, W.BN), (0, W.HALF_BM, 128)]:
+        assert not W.sb_stage_default(*key, 64)
+    assert W._ring(0, W.HALF_BM, 64, False) == W.STAGES_HALF[64] and W._ring(0, W.BM, W.BN, True) == W.STAGES
+    monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
+    assert W.sb_stage_default(0, W.HALF_BM, 64, 64, splits=4)
+
+
 @pytest.mark.gpu_sm90
 @pytest.mark.parametrize("m,n,k,bn,bm", [(128, 4096, 1664, 128, 64), (64, 7168, 2048, 64, 64),
                                          (64, 2000, 7168, 64, 64), (256, 2000, 1664, 128, 128),
@@ -465,9 +480,10 @@ def test_sb_stage_is_bit_identical(m, n, k, bn, bm):
 @pytest.mark.gpu_sm90
 def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
     """Staging as the dispatch takes it (SB_STAGE_TILES: the shipped dense tiles in their 8-slot ring; here
-    also every other tile of at most 128 columns, at its usual ring): K splits (each split's run from its
-    first K block), the contiguous walk (per-expert rows, counters) and the masked walk. Each call must
-    stage (launch's sb_k, recorded) and equal the dispatch without staging bit for bit."""
+    also every other tile of at most 128 columns, at its usual ring, and K-split grids, SB_STAGE_SPLIT):
+    K splits (each split's run from its first K block), the contiguous walk (per-expert rows, counters)
+    and the masked walk. Each call must stage (launch's sb_k, recorded) and equal the dispatch without
+    staging bit for bit."""
     staged = []
 
     def unstaged(fn, *args, **kwargs):
@@ -477,6 +493,7 @@ def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
 
     every = {(mode, bm, bn): None for mode in (0, 1, 2) for bm in (W.HALF_BM, W.BM) for bn in (64, 128)}
     monkeypatch.setattr(W, "SB_STAGE_TILES", every | W.SB_STAGE_TILES)
+    monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
     descriptors = W._descriptors
     monkeypatch.setattr(W, "_descriptors", lambda *args: staged.append(args[-1]) or descriptors(*args))
     for m, n, k in [(128, 1024, 7168), (128, 7168, 2048), (200, 4096, 3200)]:

@@ -74,7 +74,8 @@ def test_ws_gemm_compiles_for_sm90a(tmp_path, mode, epi_tma, bn, split, bm, a_ro
     dense only, and may load 16 or 32 rows of A, sm90_ws.a_box_rows)."""
     ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, a_rows)
     wide = bn == sm90_ws.WIDE_BN
-    staged = (mode, bm, bn) in sm90_ws.SB_STAGE_TILES  # launch()'s default, in SB_STAGE_TILES's ring
+    # launch()'s default, in SB_STAGE_TILES's ring
+    staged = (mode, bm, bn) in sm90_ws.SB_STAGE_TILES and (not split or sm90_ws.SB_STAGE_SPLIT)
     # per K step the producer copies A and B (2-D) and the step's A-row scales (1-D); per tile of a
     # staged kernel, its B-scale row (1-D)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") + ptx.count(

@@ -92,8 +92,10 @@ SB_PREFETCH_ROWS = frozenset({HALF_BM})
 # 2026-12-05 eleventh session) staging alone changed nothing, but it let an 8-slot ring pay, where
 # before deeper rings traded slot waits for waits on the scales' loads: dense 64x64 tiles 1.4-1.7 %
 # and 128x64 tiles 2.6-3.9 % faster than shipped, in every rep, bit-identical. 128x128 tiles cannot
-# hold 8 slots; contiguous and masked tiles were not timed.
+# hold 8 slots; contiguous and masked tiles were not timed, nor were K-split grids (SB_STAGE_SPLIT: they
+# stage only when it is on; their staging is tested on the GPU, its speed unmeasured).
 SB_STAGE_TILES = {(0, HALF_BM, 64): 8, (0, BM, NARROW_BN): 8}
+SB_STAGE_SPLIT = False
 SB_STAGE_MAX = 256  # a TMA box's elements
 HALF_WIDTHS = (128, 64)
 STAGES_HALF = {128: 4, 64: 6}
@@ -699,7 +701,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_prefetch: the
     producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS); sb_stage:
     B-scale rows staged in shared memory, the ring then SB_STAGE_TILES's (default: for the tiles there,
-    where sb_stage_k allows; forced on where it does not, a ValueError)."""
+    unsplit unless SB_STAGE_SPLIT, where sb_stage_k allows; forced on where it does not, a ValueError)."""
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -728,7 +730,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     group_m = GROUP_M_WIDE if cdiv(n, 128) >= WIDE_N_TILES else GROUP_M
     sb_k = sb_stage_k(sb, k, bn, splits)
     if sb_stage is None:
-        sb_stage = (mode, bm, bn) in SB_STAGE_TILES and sb_k > 0
+        sb_stage = sb_stage_default(mode, bm, bn, sb_k, splits)
     elif sb_stage and not sb_k:
         raise ValueError(f"sb_stage needs a tile of at most 128 columns, B's scales contiguous and 16-byte aligned "
                          f"and at most {SB_STAGE_MAX} K blocks per tile (bn={bn}, K={k}, splits={splits})")
@@ -753,6 +755,12 @@ def sb_stage_k(sb, k, bn, splits=1):
     return max(32, 1 << (per - 1).bit_length())
 
 
+def sb_stage_default(mode, bm, bn, sb_k, splits=1):
+    """Whether launch() stages a call's B-scale rows unless told: its tile is in SB_STAGE_TILES, sb_stage_k
+    gave a box (sb_k), and it is unsplit (or SB_STAGE_SPLIT)."""
+    return (mode, bm, bn) in SB_STAGE_TILES and sb_k > 0 and (splits == 1 or SB_STAGE_SPLIT)
+
+
 def _ring(mode, bm, bn, staged):
     """Ring slots of a launch: SB_STAGE_TILES's for a staged tile listed there with a depth, else _stages."""
     return (SB_STAGE_TILES.get((mode, bm, bn)) if staged else None) or _stages(bn, bm)
@@ -771,7 +779,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
     SB_STAGE_TILES's ring with it)."""
     bn = bn or BN
     if sb_k is None:
-        sb_k = 64 if (mode, bm, bn) in SB_STAGE_TILES else 0
+        sb_k = 64 if sb_stage_default(mode, bm, bn, 64, 2 if split else 1) else 0
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
