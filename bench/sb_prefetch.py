@@ -2,7 +2,8 @@
 tile heights that do), or staging it in shared memory (sm90_ws.SB_STAGE_TILES), against neither and
 the shipped defaults, through the shipped dispatch, and with deeper rings (issue #28).
 
-    PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10] [--decode-only | --large-only]
+    PYTHONPATH=. python3 bench/sb_prefetch.py [--out pf.json] [--reps 3] [--stages 6 10]
+                                              [--decode-only | --large-only]
 
 The ring profile (docs/perf.md, tenth session) showed that a deeper ring trades the consumers' waits
 for a slot for FMULs waiting on the step's B scale, a global load issued one step ahead. A tile's
@@ -17,14 +18,12 @@ Timed: the dispatch on the dense M=64-256 shapes (on the H200: sm90_ws's 64-row 
 (64, 7168, 2048) and (128, 4096, 7168), its 128-row tiles at the other M=128 and 256 shapes, and the
 swapped kernel at (64, 4096, 7168), a control), and bench/gemm.py's M=4096 dense and contiguous
 shapes. Operand sets are rotated past the L2 (bench.common.operand_sets). Each rep times off, on
-(prefetch), stage (every tile of at most 128 columns, at SB_STAGE_TILES's ring where it lists one) and
-shipped, then on and stage with each `--stages` ring depth (shapes whose tile cannot hold that ring say
-so; wide tiles cannot stage, so there "stage" is "off" again).
-Medians over reps of each rep's CUDA-graph median; each rep's times are kept. Every variant's
-output on set 0 must equal off's bit for bit (the same loads and products; only an L2 hint is
-added, or the same scales read from shared memory), else the row says so. Each variant sets every tile
-height alike (SB_PREFETCH_ROWS empty, or 64 and 128). TFLOP/s beside cuBLASLt's FP8
-GEMM measured in the same run.
+(prefetch), stage (every tile of at most 128 columns, K-split grids too, at SB_STAGE_TILES's ring where
+it lists one) and shipped, then on and stage with each `--stages` ring depth (shapes whose tile cannot
+hold that ring say so; wide tiles cannot stage, so there "stage" is "off" again). Medians over reps of
+each rep's CUDA-graph median; each rep's times are kept. Every variant's output on set 0 must equal
+off's bit for bit (the same loads and products; only an L2 hint is added, or the same scales read from
+shared memory), else the row says so. TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ STAGE_TILES = [(mode, bm, bn) for mode in (0, 1, 2) for bm in (W.HALF_BM, W.BM) 
 @contextlib.contextmanager
 def variant(prefetch: bool | None, stages: int | None, stage: bool = False):
     """prefetch None: the shipped defaults, untouched. Else every tile height's prefetch on or off, every
-    tile's staging on (at SB_STAGE_TILES's ring where it lists one) or off, and every sm90_ws launch's
-    ring at `stages` slots (None: the shipped depth)."""
+    tile's staging on (at SB_STAGE_TILES's ring where it lists one; K-split grids too, SB_STAGE_SPLIT) or
+    off, and every sm90_ws launch's ring at `stages` slots (None: the shipped depth)."""
     if prefetch is None:
         yield
         return
@@ -69,6 +68,7 @@ def variant(prefetch: bool | None, stages: int | None, stage: bool = False):
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(W, "SB_PREFETCH_ROWS", both if prefetch else frozenset()))
         stack.enter_context(mock.patch.object(W, "SB_STAGE_TILES", table))
+        stack.enter_context(mock.patch.object(W, "SB_STAGE_SPLIT", stage))
         if stages is not None:
             stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
         yield

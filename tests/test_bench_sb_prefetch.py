@@ -72,10 +72,11 @@ def test_variants_cover_every_tile():
     with P.variant(False, None, stage=True):  # every tile stages, at the shipped table's ring where it has one
         assert W.SB_PREFETCH_ROWS == frozenset() and W.SB_STAGE_TILES.keys() == set(P.STAGE_TILES)
         assert W.SB_STAGE_TILES[(0, W.HALF_BM, 64)] == 8 and W.SB_STAGE_TILES[(1, W.BM, 128)] is None
+        assert W.SB_STAGE_SPLIT
     with P.variant(False, 9, stage=True):
         assert set(W.SB_STAGE_TILES.values()) == {9} and W._stages(64) == 9
     with P.variant(None, None):
         assert W.SB_PREFETCH_ROWS == {W.HALF_BM}
     # the shipped defaults: 64-row tiles prefetch, dense 64x64 and 128x64 tiles stage in an 8-slot ring
     assert W.SB_PREFETCH_ROWS == {W.HALF_BM}
-    assert W.SB_STAGE_TILES == {(0, W.HALF_BM, 64): 8, (0, W.BM, W.NARROW_BN): 8}
+    assert W.SB_STAGE_TILES == {(0, W.HALF_BM, 64): 8, (0, W.BM, W.NARROW_BN): 8} and not W.SB_STAGE_SPLIT
