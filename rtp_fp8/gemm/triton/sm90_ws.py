@@ -90,8 +90,8 @@ SB_PREFETCH_ROWS = frozenset({HALF_BM})
 # step's scale there instead of a global load in the K loop, as DeepGEMM's math warps do (they copy it
 # themselves). A tile that stages does not also prefetch. On the H200 (bench/sb_prefetch.py, docs/perf.md,
 # 2026-12-05 eleventh session) staging alone changed nothing, but it let an 8-slot ring pay, where
-# before deeper rings traded slot waits for waits on the scales' loads: dense 64x64 tiles 1.4-1.7 %
-# and 128x64 tiles 2.6-3.9 % faster than shipped, in every rep, bit-identical. 128x128 tiles cannot
+# before deeper rings traded slot waits for waits on the scales' loads: dense 64x64 tiles 1.4-1.8 %
+# and 128x64 tiles 3.2-4.1 % faster than shipped, in every rep, bit-identical. 128x128 tiles cannot
 # hold 8 slots; contiguous and masked tiles were not timed, nor were K-split grids (SB_STAGE_SPLIT: they
 # stage only when it is on; their staging is tested on the GPU, its speed unmeasured).
 SB_STAGE_TILES = {(0, HALF_BM, 64): 8, (0, BM, NARROW_BN): 8}
