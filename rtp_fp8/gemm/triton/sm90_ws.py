@@ -17,7 +17,9 @@ promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split
   64 rows of the 128x128 tile: per K step each waits `full`, issues its wgmma into a fresh
   register tile, promotes the previous step's tile while that MMA runs, waits for the MMA and
   arrives on `empty` (count 2: both consumers). Two steps per loop trip, so that the two fresh
-  tiles alternate registers. B's block scale is a scalar global load per step.
+  tiles alternate registers. B's block scale is a scalar global load per step, or, where the tile
+  stages its B-scale row (SB_STAGE_TILES), a shared load from the row the producer copied in with
+  one more TMA box when it started the tile.
 - epilogue: the bf16 tile through shared memory and a TMA store (EPI_TMA, when `out` allows),
   else pointer stores. Grouped: rows whose id is not the tile's expert become zeros and are
   counted, as in the Triton kernel.
@@ -81,8 +83,9 @@ HALF_BM, HALF_MAX_ROWS = 64, 256
 # Tile heights whose producer asks the L2 for a tile's B-scale row(s) when it starts the tile, a
 # ring ahead of the consumers' loads of them: the ring profile put FMULs waiting on those loads. On the
 # H200 the 64-row tiles of (64, 7168, 2048) and (128, 4096, 7168) ran 0.7 and 1.0 % faster with it,
-# bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles gained at
-# M=128 and 256 too, but were not timed at M=4096, so they keep the kernel without it for now.
+# bit-identical (bench/sb_prefetch.py, docs/perf.md, 2026-12-05 tenth session). 128-row tiles keep the
+# kernel without it: timed at M=4096 (eleventh session), it was 2.4 % slower on contiguous G=32 and
+# faster nowhere beyond the reps' spread.
 SB_PREFETCH_ROWS = frozenset({HALF_BM})
 # Tiles (mode, rows, width) that stage their B-scale row in shared memory, and the ring slots each then
 # takes (None: its usual _stages): the producer copies the tile's run of K-block scales (one TMA box,
@@ -733,14 +736,14 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
         sb_stage = sb_stage_default(mode, bm, bn, sb_k, splits)
     elif sb_stage and not sb_k:
         raise ValueError(f"sb_stage needs a tile of at most 128 columns, B's scales contiguous and 16-byte aligned "
-                         f"and at most {SB_STAGE_MAX} K blocks per tile (bn={bn}, K={k}, splits={splits})")
+                         f"and at most {SB_STAGE_MAX - 3} K blocks per tile (bn={bn}, K={k}, splits={splits})")
     sb_k = sb_k if sb_stage else 0
     descs = _descriptors(a2, b.reshape(-1, k), sa, sb, out2, epi_tma, bn, bm, a_rows, sb_k)
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _ring(mode, bm, bn, sb_stage), MODE=mode, EPI_TMA=int(epi_tma),
-                               num_warps=4,
-                               maxnreg=168, SB_PF=0 if sb_k else _sb_prefetch(bm, sb_prefetch), SB_STAGE=int(sb_k > 0))
+                               num_warps=4, maxnreg=168, SB_PF=0 if sb_k else _sb_prefetch(bm, sb_prefetch),
+                               SB_STAGE=int(sb_k > 0))
     return out
 
 
