@@ -154,15 +154,20 @@ def masked_rows(ems=None):
 
 
 @contextlib.contextmanager
-def _ring(bn, stages):
-    """sm90_ws's ring depth for tiles bn wide set to `stages` for the block."""
-    name = {W.NARROW_BN: "STAGES_NARROW", W.WIDE_BN: "STAGES_WIDE"}.get(bn, "STAGES")
-    old = getattr(W, name)
-    setattr(W, name, stages)
-    try:
+def _ring(bn, stages, bm=W.BM):
+    """sm90_ws's ring depth for dense bm x bn tiles set to `stages` for the block: their STAGES* entry
+    (64-row tiles: STAGES_HALF's), and SB_STAGE_TILES's where the tile stages its B-scale rows in a ring
+    of its own."""
+    key = (G.DENSE, bm, bn)
+    with contextlib.ExitStack() as stack:
+        if bm == W.HALF_BM:
+            stack.enter_context(mock.patch.dict(W.STAGES_HALF, {bn: stages}))
+        else:
+            name = {W.NARROW_BN: "STAGES_NARROW", W.WIDE_BN: "STAGES_WIDE"}.get(bn, "STAGES")
+            stack.enter_context(mock.patch.object(W, name, stages))
+        if W.SB_STAGE_TILES.get(key):
+            stack.enter_context(mock.patch.dict(W.SB_STAGE_TILES, {key: stages}))
         yield
-    finally:
-        setattr(W, name, old)
 
 
 def _checked_time(call, out, ref, sets=None, what="the Triton split"):
@@ -338,9 +343,8 @@ def pdl_rows(reps=5):
 
 
 def _ws_ring(bm, bn, stages):
-    """sm90_ws's ring depth for bm x bn tiles set to `stages` for the block (64-row tiles: their
-    STAGES_HALF entry)."""
-    return _ring(bn, stages) if bm != W.HALF_BM else mock.patch.dict(W.STAGES_HALF, {bn: stages})
+    """sm90_ws's ring depth for bm x bn tiles set to `stages` for the block (_ring's)."""
+    return _ring(bn, stages, bm)
 
 
 RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8, 10, 12), (W.HALF_BM, 128): (4, 5, 6, 7), (W.BM, W.NARROW_BN): (6, 8, 10),

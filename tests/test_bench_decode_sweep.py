@@ -3,7 +3,8 @@ below masked_m through the TMA kernel and through the pointer kernel (each over 
 and names the experts that differ, so that a timed variant which computes something else is
 reported instead of timed; _checked_time, which every depth and tile sweep times a variant through,
 poisons the output first and reports a variant whose output differs from the reference, or that
-cannot run. Run here under the interpreter on CPU tensors; the timings come from the GPU."""
+cannot run; _ws_ring sets the ring depth a launch takes, staged tiles included. Run here under the
+interpreter on CPU tensors; the timings come from the GPU."""
 
 import torch
 
@@ -66,3 +67,16 @@ def test_checked_time_reports_a_variant_that_cannot_run(monkeypatch):
     monkeypatch.setattr(S, "_time", lambda call, sets=None: "OutOfResources: shared memory")
     out = torch.zeros(2, 2)
     assert S._checked_time(lambda: None, out, out.clone()) == "OutOfResources: shared memory"
+
+
+def test_ring_sets_every_dense_tiles_depth_staged_or_not():
+    """_ws_ring reaches the ring a launch takes (sm90_ws._ring), for unstaged and staged tiles alike, and
+    restores both tables."""
+    W = S.W
+    half, narrow, wide = (W.HALF_BM, 64), (W.BM, W.NARROW_BN), (W.BM, W.WIDE_BN)
+    before = (dict(W.STAGES_HALF), dict(W.SB_STAGE_TILES), W.STAGES_NARROW, W.STAGES_WIDE)
+    for (bm, bn), depth in [(half, 11), (narrow, 10), (wide, 2), ((W.HALF_BM, 128), 5), ((W.BM, W.BN), 4)]:
+        with S._ws_ring(bm, bn, depth):
+            assert W._ring(0, bm, bn, staged=False) == depth
+            assert W._ring(0, bm, bn, staged=True) == depth
+    assert (dict(W.STAGES_HALF), dict(W.SB_STAGE_TILES), W.STAGES_NARROW, W.STAGES_WIDE) == before
