@@ -154,7 +154,7 @@ def masked_rows(ems=None):
 
 
 @contextlib.contextmanager
-def _ring(bn, stages, bm=W.BM):
+def _ws_ring(bm, bn, stages):
     """sm90_ws's ring depth for dense bm x bn tiles set to `stages` for the block: their STAGES* entry
     (64-row tiles: STAGES_HALF's), and SB_STAGE_TILES's where the tile stages its B-scale rows in a ring
     of its own."""
@@ -221,7 +221,7 @@ def _ws_shape(m, n, k, dg):
             def call(bn=bn, splits=splits, parts=parts):
                 _ws_launch(a, sa, b, sb, out, parts, splits, bn=bn)
             for stages in depths:
-                with _ring(bn, stages):
+                with _ws_ring(W.BM, bn, stages):
                     r[f"ws bn{bn} s{stages} k{splits}"] = _checked_time(call, out, ref)
     ok = {c: t for c, t in r.items() if c.startswith("ws") and isinstance(t, float)}
     r["best_ws"] = min(ok, key=ok.get) if ok else None
@@ -340,11 +340,6 @@ def pdl_rows(reps=5):
         rows.append(r)
         print(r, flush=True)
     return rows
-
-
-def _ws_ring(bm, bn, stages):
-    """sm90_ws's ring depth for bm x bn tiles set to `stages` for the block (_ring's)."""
-    return _ring(bn, stages, bm)
 
 
 RING_DEPTHS = {(W.HALF_BM, 64): (4, 6, 8, 10, 12), (W.HALF_BM, 128): (4, 5, 6, 7), (W.BM, W.NARROW_BN): (6, 8, 10),

@@ -742,7 +742,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _ws_gemm_kernel[(nprog, )](*descs, out2, sb, grp, cnt, m, n, k, e, tiles_m, group_m, out2.stride(0), sb_e,
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _ring(mode, bm, bn, sb_stage), MODE=mode, EPI_TMA=int(epi_tma),
-                               num_warps=4, maxnreg=168, SB_PF=0 if sb_k else _sb_prefetch(bm, sb_prefetch),
+                               num_warps=4, maxnreg=168, SB_PF=_sb_prefetch(bm, sb_prefetch, sb_k),
                                SB_STAGE=int(sb_k > 0))
     return out
 
@@ -769,8 +769,11 @@ def _ring(mode, bm, bn, staged):
     return (SB_STAGE_TILES.get((mode, bm, bn)) if staged else None) or _stages(bn, bm)
 
 
-def _sb_prefetch(bm, sb_prefetch=None) -> int:
-    """The kernel's SB_PF: sb_prefetch where given, else whether tiles of bm rows prefetch (SB_PREFETCH_ROWS)."""
+def _sb_prefetch(bm, sb_prefetch=None, sb_k=0) -> int:
+    """The kernel's SB_PF: 0 for a tile that stages its B-scale rows (sb_k), else sb_prefetch where given,
+    else whether tiles of bm rows prefetch (SB_PREFETCH_ROWS)."""
+    if sb_k:
+        return 0
     return int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch)
 
 
@@ -794,7 +797,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
     const = {"STAGES": _ring(mode, bm, bn, sb_k > 0), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
-             "SB_PF": 0 if sb_k else _sb_prefetch(bm, sb_prefetch), "SB_STAGE": int(sb_k > 0)}
+             "SB_PF": _sb_prefetch(bm, sb_prefetch, sb_k), "SB_STAGE": int(sb_k > 0)}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
