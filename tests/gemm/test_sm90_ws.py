@@ -184,20 +184,20 @@ def test_plan_refuses_cpu_tensors():
 
 def _spy(monkeypatch):
     """-> (the modes block_scaled launches sm90_ws with, the tile width each launch took: launch
-    looks its ring depth up by tile, _stages(bn, bm); a 64-row tile's as (64, bn))."""
+    looks its ring depth up by tile, _ring(mode, bm, bn, staged); a 64-row tile's as (64, bn))."""
     calls, widths = [], []
-    launch, stages = W.launch, W._stages
+    launch, ring = W.launch, W._ring
 
     def spy(*args, **kwargs):
         calls.append(args[0])
         return launch(*args, **kwargs)
 
-    def width(bn, bm=W.BM):
+    def width(mode, bm, bn, staged):
         widths.append(bn if bm == W.BM else (bm, bn))
-        return stages(bn, bm)
+        return ring(mode, bm, bn, staged)
 
     monkeypatch.setattr(G.sm90_ws, "launch", spy)
-    monkeypatch.setattr(W, "_stages", width)
+    monkeypatch.setattr(W, "_ring", width)
     return calls, widths
 
 
