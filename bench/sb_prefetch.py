@@ -25,8 +25,8 @@ each rep's CUDA-graph median; each rep's times are kept. Every variant's output 
 off's bit for bit (the same loads and products; only an L2 hint is added, or the same scales read from
 shared memory), else the row says so. TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
 
---ws-split adds "stage ws": the stage variant with block_scaled.ws_before_swap also taking 64-row
-sm90_ws grids that split K (shipped: only unsplit ones), so (64, 4096, 7168), 64 tiles of 64x64,
+--ws-split adds "stage ws": the stage variant with block_scaled.WS_SPLIT_BEFORE_SWAP on, ws_before_swap
+then also taking 64-row sm90_ws grids that split K (shipped: only unsplit ones), so (64, 4096, 7168), 64 tiles of 64x64,
 runs sm90_ws in two K splits, staged, instead of the swapped kernel.
 """
 
@@ -41,7 +41,6 @@ import torch
 
 from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rotated_ms
 from bench.gemm import DENSE, EXPERT_NK, GROUPED, dense_call, dense_inputs, grouped_call, grouped_inputs
-from rtp_fp8 import arch as A
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.gemm.triton import sm90_ws as W
 
@@ -66,7 +65,8 @@ def variant(prefetch: bool | None, stages: int | None, stage: bool = False, ws_s
     """prefetch None: the shipped defaults, untouched. Else every tile height's prefetch on or off, every
     tile's staging on (at SB_STAGE_TILES's ring where it lists one; K-split grids too, SB_STAGE_SPLIT) or
     off, and every sm90_ws launch's ring at `stages` slots (None: the shipped depth). ws_split: dense
-    calls whose sm90_ws grid is 64-row tiles take it before the swapped kernel, split or not."""
+    calls whose sm90_ws grid is 64-row tiles take it before the swapped kernel, split or not
+    (block_scaled.WS_SPLIT_BEFORE_SWAP)."""
     if prefetch is None:
         yield
         return
@@ -79,18 +79,11 @@ def variant(prefetch: bool | None, stages: int | None, stage: bool = False, ws_s
         if stages is not None:
             stack.enter_context(mock.patch.object(W, "_stages", lambda bn, bm=W.BM: stages))
         if ws_split:
-            stack.enter_context(mock.patch.object(G, "ws_before_swap", _ws_split_before_swap))
+            stack.enter_context(mock.patch.object(G, "WS_SPLIT_BEFORE_SWAP", True))
         yield
 
 
 WS_SPLIT_REL = 1e-3  # FP32 sums reordered by other K splits stay far below this; a wrong tile does not
-
-
-def _ws_split_before_swap(m, n, k, device):
-    """ws_before_swap without its `splits == 1`: a 64-row sm90_ws grid is taken before the swapped kernel."""
-    if not (G.SWAP_WS_MIN_ROWS <= m <= G.SWAP_MAX_ROWS and device.type == "cuda"):
-        return False
-    return W.grid(m, n, k, A.num_sms(device.index or 0))[0] == W.HALF_BM
 
 
 def variants(stages, ws_split=False):

@@ -84,34 +84,21 @@ def test_variants_cover_every_tile():
 
 
 def test_ws_split_variant_is_timed_within_its_bound_and_restored(monkeypatch):
-    """"stage ws" comes last and runs with ws_before_swap patched (restored after). Its output may differ
+    """"stage ws" comes last and runs with WS_SPLIT_BEFORE_SWAP on (restored after). Its output may differ
     from off's by reordered FP32 sums (relative L2 kept under rel_l2, timed); beyond WS_SPLIT_REL it
     is reported, not timed."""
-    shipped = G.ws_before_swap
     seen = []
-    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(G.ws_before_swap is not shipped) or 1e-3)
+    monkeypatch.setattr(P, "rotated_ms", lambda call, sets: seen.append(G.WS_SPLIT_BEFORE_SWAP) or 1e-3)
 
     def call(eps):
         def run(x, out):
-            out.copy_(x * (1 + eps) if G.ws_before_swap is not shipped else x)
+            out.copy_(x * (1 + eps) if G.WS_SPLIT_BEFORE_SWAP else x)
         return run
 
     r = P.measure(call(1e-5), _sets(), 1, reps=2, ws_split=True)
     assert [label for label, *_ in P.variants((), ws_split=True)][-1] == "stage ws"
     assert seen == [False, False, False, False, True] * 2 and r["failed"] == {}
     assert r["us"]["stage ws"] == 1.0 and abs(r["rel_l2"]["stage ws"] - 1e-5) < 1e-6
-    assert G.ws_before_swap is shipped
+    assert G.WS_SPLIT_BEFORE_SWAP is False
     r = P.measure(call(1e-2), _sets(), 1, reps=1, ws_split=True)
     assert "stage ws" not in r["us"] and r["failed"]["stage ws"].startswith("differs")
-
-
-def test_ws_split_rule_takes_64_row_grids_split_or_not(monkeypatch):
-    """The patched rule: 64-row sm90_ws grids in SWAP_WS_MIN_ROWS..SWAP_MAX_ROWS rows, K splits too
-    ((64, 4096, 7168): 64 tiles of 64x64 on 132 SMs split K); 128-row grids and CPU tensors never."""
-    monkeypatch.setattr(P.A, "num_sms", lambda index=0: 132)
-    cuda = torch.device("cuda", 0)
-    assert W.grid(64, 4096, 7168, 132)[0] == W.HALF_BM and W.grid(64, 4096, 7168, 132)[3] > 1
-    assert P._ws_split_before_swap(64, 4096, 7168, cuda)
-    assert not P._ws_split_before_swap(64, 4096, 7168, torch.device("cpu"))
-    assert not P._ws_split_before_swap(G.SWAP_WS_MIN_ROWS - 1, 4096, 7168, cuda)
-    assert W.grid(256, 4096, 7168, 132)[0] == W.BM and not P._ws_split_before_swap(256, 4096, 7168, cuda)

@@ -161,6 +161,19 @@ def test_64_row_tiles_replace_the_swapped_kernel_only_where_they_fill_the_gpu_un
     assert G.ws_before_swap(m, n, k, cuda) is False
 
 
+def test_64_row_grids_that_split_replace_the_swapped_kernel_only_with_ws_split_before_swap(monkeypatch):
+    """WS_SPLIT_BEFORE_SWAP (off as shipped) lets 64-row grids that split K take sm90_ws first:
+    (64, 4096, 7168), 64 tiles of 64x64 in 2 splits; 128-row grids and too few rows never."""
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
+    monkeypatch.setattr(G.triton_env, "interpreting", lambda: False)
+    cuda = torch.device("cuda", 0)
+    assert W.grid(64, 4096, 7168, 132) == (W.HALF_BM, 64, 64, 2)
+    assert G.WS_SPLIT_BEFORE_SWAP is False and not G.ws_before_swap(64, 4096, 7168, cuda)
+    monkeypatch.setattr(G, "WS_SPLIT_BEFORE_SWAP", True)
+    assert G.ws_before_swap(64, 4096, 7168, cuda) and G.ws_before_swap(64, 7168, 2048, cuda)
+    assert not G.ws_before_swap(32, 4096, 7168, cuda) and not G.ws_before_swap(65, 4096, 7168, cuda)
+
+
 def test_plan_refuses_the_older_warp_specialize_api(monkeypatch):
     a, sa, b, sb = _ops(1536, 1408, 256, "cpu")
     monkeypatch.setattr(W, "LIST_WARP_SPECIALIZE", False)
@@ -337,6 +350,28 @@ def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, spli
         parts = torch.full((splits, m, n), float("nan"), dtype=torch.float32, device="cuda")
         W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, parts, splits=splits, bn=bn, bm=bm)
         G._reduce_splits(parts, out)
+    _assert_as_the_triton_split(monkeypatch, splits, a, sa, b, sb, out, buf)
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (40, 4100, 7168), (48, 2000, 5120)])
+def test_64_row_split_grids_before_the_swapped_kernel_are_bit_identical_to_the_triton_split(monkeypatch, m, n, k):
+    """WS_SPLIT_BEFORE_SWAP with split grids staging (SB_STAGE_SPLIT): the dispatch runs sm90_ws's 64x64
+    tiles in K splits instead of the swapped kernel, staged, bit-identical to the Triton kernel split
+    into the same K runs; ragged M (40, 48 rows), a last tile 4 columns wide, 3 splits of 40 K blocks."""
+    monkeypatch.setattr(G, "WS_SPLIT_BEFORE_SWAP", True)
+    monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
+    a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
+    buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:, :n]
+    splits = G.ws_splits(G.DENSE, a, b)
+    assert splits > 1 and G.ws_before_swap(m, n, k, a.device)
+    staged = []
+    descriptors = W._descriptors
+    monkeypatch.setattr(W, "_descriptors", lambda *args: staged.append(args[-1]) or descriptors(*args))
+    calls, widths = _spy(monkeypatch)
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    assert calls == [G.DENSE] and widths == [(W.HALF_BM, 64)] and staged[-1] > 0
     _assert_as_the_triton_split(monkeypatch, splits, a, sa, b, sb, out, buf)
 
 

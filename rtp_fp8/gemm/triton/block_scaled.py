@@ -513,19 +513,25 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 
 
 SWAP_WS_MIN_ROWS = 33  # dense M from which sm90_ws's 64-row tiles replace the swapped kernel (see ws_before_swap)
+# Whether 64-row sm90_ws grids that split K replace the swapped kernel too ((64, 4096, 7168): 64 tiles of
+# 64x64 in 2 K splits); bench/sb_prefetch.py --ws-split times it (docs/perf.md, twelfth #28 session).
+WS_SPLIT_BEFORE_SWAP = False
 
 
 def ws_before_swap(m: int, n: int, k: int, device: torch.device) -> bool:
     """Dense calls of SWAP_WS_MIN_ROWS..SWAP_MAX_ROWS rows whose sm90_ws grid is 64-row tiles filling
     the GPU without K splits take sm90_ws first (if its plan accepts them): at (64, 7168, 2048) its
     112 64x64 tiles took 6.6 us against the swapped kernel's 7.45 (bench/decode_sweep.py --only
-    half, H200). Fewer rows keep the swapped kernel (16-token MMAs), as do grids that would split."""
+    half, H200). Fewer rows keep the swapped kernel (16-token MMAs), as do grids that would split unless
+    WS_SPLIT_BEFORE_SWAP."""
     if not (SWAP_WS_MIN_ROWS <= m <= SWAP_MAX_ROWS and USE_WS and sm90_ws is not None and device.type == "cuda"
             and not triton_env.interpreting()):
         return False
     sms = A.num_sms(device.index or 0)
     bm, _, tiles, splits = sm90_ws.grid(m, n, k, sms)
-    return bm == sm90_ws.HALF_BM and splits == 1 and tiles >= sm90_ws.MIN_FILL * sms
+    if bm != sm90_ws.HALF_BM:
+        return False
+    return WS_SPLIT_BEFORE_SWAP if splits > 1 else tiles >= sm90_ws.MIN_FILL * sms
 
 
 def ws_splits(mode, a, b) -> int:
