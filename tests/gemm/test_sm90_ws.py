@@ -354,11 +354,13 @@ def test_split_k_is_bit_identical_to_the_triton_split(monkeypatch, m, n, k, spli
 
 
 @pytest.mark.gpu_sm90
-@pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (40, 4100, 7168), (48, 2000, 5120)])
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (40, 4100, 7168)])
 def test_64_row_split_grids_before_the_swapped_kernel_are_bit_identical_to_the_triton_split(monkeypatch, m, n, k):
     """WS_SPLIT_BEFORE_SWAP with split grids staging (SB_STAGE_SPLIT): the dispatch runs sm90_ws's 64x64
     tiles in K splits instead of the swapped kernel, staged, bit-identical to the Triton kernel split
-    into the same K runs; ragged M (40, 48 rows), a last tile 4 columns wide, 3 splits of 40 K blocks."""
+    into the same K runs; ragged M (40 rows) and a last tile 4 columns wide. (A third case, (48, 2000,
+    5120), was dropped after the H100: 32 tiles x 3 splits fill too few SMs, so plan() refused it and
+    the dispatch fell back to the swapped kernel, as it should.)"""
     monkeypatch.setattr(G, "WS_SPLIT_BEFORE_SWAP", True)
     monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
