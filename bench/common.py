@@ -52,6 +52,11 @@ def output_of(call, ops, out):
     return out.clone()
 
 
+def rel_l2(out, ref) -> float:
+    """The relative L2 distance of out to ref, in float64."""
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
 def copy_ms(nbytes: int, graph: bool = False) -> tuple[float, int]:
     """Device-to-device copy of a bf16 buffer of about nbytes: (median ms, bytes read + written).
     graph=True times CUDA-graph replays (as graph_ms), else eager calls (as median_ms)."""

@@ -32,6 +32,7 @@ from bench.common import (
     fp8_gemm_tflops,
     median_ms,
     operand_sets,
+    rel_l2,
     rotated_ms,
 )
 from rtp_fp8 import arch as A
@@ -70,7 +71,7 @@ def _beside(r, flops, call_dg, sets, oi, rows=None):
 def _same(out, ref, rows=None):
     """"bit" where out and ref (on `rows` only) are bit-identical, else their relative L2 to ref."""
     o, t = (out, ref) if rows is None else (out[rows], ref[rows])
-    return "bit" if torch.equal(o, t) else f"{float((o.double() - t.double()).norm() / t.double().norm()):.1e}"
+    return "bit" if torch.equal(o, t) else f"{rel_l2(o, t):.1e}"
 
 
 @contextlib.contextmanager

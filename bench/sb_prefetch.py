@@ -26,8 +26,8 @@ off's bit for bit (the same loads and products; only an L2 hint is added, or the
 shared memory), else the row says so. TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
 
 --ws-split adds "stage ws": the stage variant with block_scaled.WS_SPLIT_BEFORE_SWAP on, ws_before_swap
-then also taking 64-row sm90_ws grids that split K (shipped: only unsplit ones), so (64, 4096, 7168), 64 tiles of 64x64,
-runs sm90_ws in two K splits, staged, instead of the swapped kernel.
+then also taking 64-row sm90_ws grids that split K (shipped: only unsplit ones), so (64, 4096, 7168),
+64 tiles of 64x64, runs sm90_ws in two K splits, staged, instead of the swapped kernel.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from unittest import mock
 
 import torch
 
-from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rotated_ms
+from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rel_l2, rotated_ms
 from bench.gemm import DENSE, EXPERT_NK, GROUPED, dense_call, dense_inputs, grouped_call, grouped_inputs
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.gemm.triton import sm90_ws as W
@@ -118,7 +118,7 @@ def measure(call, sets, oi, reps, stages=(), ws_split=False):
                 if ref is None:
                     ref = got
                 elif not torch.equal(got, ref):
-                    d = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+                    d = rel_l2(got, ref)
                     if not split or not d <= WS_SPLIT_REL:
                         failed[label] = f"differs from the output with neither (relative L2 {d:.1e})"
                         continue

@@ -65,3 +65,11 @@ def test_output_of_poisons_out_first_and_returns_a_copy():
     assert torch.equal(got[:2], x[:2] * 2) and bool(torch.isnan(got[2:]).all())
     out.zero_()
     assert bool(torch.isnan(got[2:]).all())  # a copy: later writes to out do not reach it
+
+
+def test_rel_l2_is_the_float64_relative_distance():
+    """bench.common.rel_l2: ||out - ref|| / ||ref|| in float64 (bf16 inputs included); 0 for equal tensors."""
+    ref = torch.tensor([3.0, 4.0], dtype=torch.bfloat16)
+    assert C.rel_l2(ref, ref) == 0.0
+    assert C.rel_l2(torch.tensor([3.0, 5.0], dtype=torch.bfloat16), ref) == 0.2
+    assert C.rel_l2(2 * ref, ref) == 1.0
