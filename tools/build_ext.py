@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from tools import toolchains as tcmod  # noqa: E402
 
-SOURCES = ["csrc/per_token_group_quant_8bit.cu"]
+SOURCES = ["csrc/per_token_group_quant_8bit.cu", "csrc/fp8_gemm_sm90.cu"]
 OUTPUT = "rtp_fp8/_C.so"
 
 

@@ -211,6 +211,7 @@ def _spy(monkeypatch):
 
     monkeypatch.setattr(G.sm90_ws, "launch", spy)
     monkeypatch.setattr(W, "_ring", width)
+    monkeypatch.setattr(G, "USE_CLUSTER", False)  # 128x256 dense tiles stay on sm90_ws (test_cuda_sm90 has them)
     return calls, widths
 
 

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rtp_fp8 import _ext, triton_env
 from rtp_fp8 import arch as A
-from rtp_fp8 import triton_env
 from rtp_fp8.quant.layout import cdiv
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton >= 3.5; without it every call takes the Triton path
@@ -491,6 +491,39 @@ def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=1
                         alignment=alignment, masked_rows=expected_m if mode == MASKED else None)
 
 
+# Dense and contiguous calls whose sm90_ws tile is 128x256 can run the CUDA kernel with 2-CTA clusters
+# multicasting B (csrc/fp8_gemm_sm90.cu) when the extension is built: the same products and promotion,
+# bit-identical, a third less L2-to-SM traffic per FLOP. Off as shipped: on the H100 it ran 26-31 %
+# slower than sm90_ws at every M=4096 shape (bench/sm90_cluster.py, docs/perf.md, thirteenth #28 session).
+USE_CLUSTER = False
+CLUSTER_GROUP_M = 8  # pairs of 128-row tiles per group of the clusters' tile walk
+CLUSTER_MAX_K = 128 * 1024  # K blocks' B-scale rows share the kernel's shared memory with its ring
+
+
+def cluster_refusal(a, out) -> str | None:
+    """None when a dense or contiguous call that sm90_ws would run in 128x256 tiles runs the cluster
+    kernel instead, else why not."""
+    if not USE_CLUSTER:
+        return "USE_CLUSTER is off"
+    if not _ext.available():
+        return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
+    if a.shape[1] > CLUSTER_MAX_K:
+        return f"K={a.shape[1]} > {CLUSTER_MAX_K}"
+    if not _tma_ok(out):
+        return "out is not TMA-aligned"
+    return None
+
+
+def _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out):
+    """A dense or contiguous call in 128x256 tiles: the cluster kernel, else sm90_ws."""
+    if cluster_refusal(a, out) is not None:
+        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out)
+    elif mode == DENSE:
+        _ext.fp8_gemm_sm90(a, sa, b, sb, out, CLUSTER_GROUP_M)
+    else:
+        _ext.fp8_gemm_sm90_contiguous(a, sa, b, sb, grp, out, cnt, CLUSTER_GROUP_M)
+
+
 def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment=128, expected_m=None) -> bool:
     """Dense / contiguous / masked through sm90_ws on SM90; False when it does not apply. A dense
     grid with fewer tiles than SMs splits K there (sm90_ws.split_k): FP32 partials, added in split
@@ -499,10 +532,14 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
         return False
     n0 = sm90_ws.column_split(a.shape[0], b.shape[0], A.num_sms(a.device.index or 0)) if mode == DENSE else 0
     if n0:  # N's whole 128x256 tiles on their own, then the other columns through the dispatch
-        sm90_ws.launch(DENSE, a, sa, b[:n0], sb[:n0 // GRAN], grp, cnt, e, out[:, :n0])
+        _launch_wide(DENSE, a, sa, b[:n0], sb[:n0 // GRAN], grp, cnt, e, out[:, :n0])
         fp8_gemm_nt(a, sa, b[n0:], sb[n0 // GRAN:], out=out[:, n0:])
         return True
     splits = ws_splits(mode, a, b)
+    if splits == 1 and mode != MASKED and sm90_ws.tile_shape(a.shape[0], b.shape[-2], A.num_sms(
+            a.device.index or 0), mode == DENSE) == (sm90_ws.BM, sm90_ws.WIDE_BN):
+        _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out)
+        return True
     if splits == 1:
         sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, masked_rows=expected_m)
         return True

@@ -1,0 +1,614 @@
+// Block-scaled FP8 GEMM for SM90 (H100/H200) with TMA multicast across a 2-CTA cluster.
+//
+// torch.ops.rtp_fp8_C.fp8_gemm_sm90(a, sa, b, sb, out, group_m) computes, in place,
+//   out[M, N] (bf16) = sum over K blocks kb of (a[:, kb] @ b[:, kb]^T) * sa[:, kb] * sb[n / 128, kb]
+// with a [M, K] and b [N, K] float8_e4m3fn (K-major), sa [M, ceil(K/128)] float32 column-major with
+// a 16-byte aligned column stride ("col_tma"), sb [ceil(N/128), ceil(K/128)] float32 (any strides).
+//
+// Why a CUDA kernel: at M = 4096 the Gluon kernel (rtp_fp8/gemm/triton/sm90_ws.py, 128x256 tiles)
+// moves a fifth more bytes from device memory and a quarter more L2 sectors than DeepGEMM, whose
+// 2-CTA clusters load each B tile once for two row tiles (docs/perf.md, seventh session). Triton
+// 3.6's Gluon has no multicast copy; PTX does.
+//
+// Numerics are the Gluon wide tile's, step for step: per 128-column half and K block, a fresh
+// m64n128k32 wgmma chain (4 x k32, the first not accumulating), then acc = fma(part, sa * sb, acc)
+// in FP32, bf16 rounded to nearest even at the end. So the outputs are bit-identical to the Triton
+// and Gluon kernels' (tests/gemm/test_cuda_sm90.py).
+//
+// Work split, per CTA (384 threads): warpgroup 2 is the producer (one thread issues TMA), warpgroups
+// 0 and 1 are consumers, each owning 64 rows of the 128x256 tile. A cluster is two CTAs on row tiles
+// 2p and 2p + 1 of the same 256 columns: each CTA loads its own A tile [128, 128] and A-row scales,
+// and one 128-row half of the shared B tile [256, 128], multicast into both CTAs' shared memory at
+// the same offset, signalling both CTAs' `full` barrier. A slot is free again when both CTAs'
+// consumers released it (`empty` counts 16 arrivals: 8 consumer warps x 2 CTAs), since the peer's
+// producer writes into it too. Clusters walk pair tiles cid, cid + nclusters, ... in grouped order
+// (group_m pairs of row tiles per group). The epilogue goes through shared memory (128-byte
+// swizzled boxes of 64x64) and TMA stores, overlapping the producer's loads for the next tile.
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace rtp_fp8 {
+namespace gemm90 {
+
+constexpr int kBM = 128, kBN = 256, kBK = 128, kHalfN = 128, kStages = 3;
+constexpr int kThreads = 384;
+constexpr int kABytes = kBM * kBK;           // 16 KB
+constexpr int kBBytes = kBN * kBK;           // 32 KB
+constexpr int kBHalfBytes = kHalfN * kBK;    // 16 KB
+constexpr int kSABytes = kBM * 4;            // 512 B
+constexpr int kDBytes = kBM * kBN * 2;       // 64 KB: two consumers' 64x256 bf16 tiles
+constexpr int kDWgBytes = kDBytes / 2;
+constexpr int kDBoxBytes = 64 * 128;         // a 64-row x 64-column bf16 box, 128-byte swizzled
+constexpr int kSmemMax = 232448;             // SM90's opt-in dynamic shared memory per block
+
+// Offsets in the 1024-aligned dynamic shared memory.
+constexpr int kOffA = 0;
+constexpr int kOffB = kOffA + kStages * kABytes;
+constexpr int kOffD = kOffB + kStages * kBBytes;
+constexpr int kOffSA = kOffD + kDBytes;
+constexpr int kOffSB = kOffSA + kStages * kSABytes;  // then 2 consumers x 2 halves x kb floats, then barriers
+
+static_assert(2 * kBHalfBytes == kBBytes && 4 * kDBoxBytes == kDWgBytes, "tile split");
+static_assert(kOffB % 1024 == 0 && kOffD % 1024 == 0 && kABytes % 1024 == 0 && kDBoxBytes % 1024 == 0,
+              "128-byte swizzled tiles must start 1024-byte aligned");
+
+__host__ __device__ constexpr int sb_bytes(int kb) { return ((2 * 2 * kb * 4) + 15) / 16 * 16; }
+__host__ constexpr int smem_bytes(int kb) { return 1024 + kOffSB + sb_bytes(kb) + 2 * kStages * 8; }
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RTP_SM90A 1
+#endif
+
+#ifdef RTP_SM90A
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Wait for the phase with this parity to complete. Cluster scope: the arrivals on `empty` come from
+// the peer CTA's consumers too, and the producer then writes into the peer's shared memory.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Arrive on the barrier at the same shared offset in cluster CTA `cta`.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load(const CUtensorMap* map, uint32_t dst, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// The same box into every CTA of the cluster in `mask`, at offset dst, completing bytes on each
+// one's barrier at offset bar.
+__device__ __forceinline__ void tma_load_multicast(const CUtensorMap* map, uint32_t dst, uint32_t bar, int c0, int c1,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+__device__ __forceinline__ void named_sync(uint32_t id) {
+  asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// A K-major operand tile of 128-byte rows, 128-byte swizzled by TMA: 8-row core groups 1024 bytes
+// apart. Advancing the start address by 32 bytes selects the next k32 slice.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+
+__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define RTP_F8(i)                                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+
+// d (+)= A[64, 32] . B[128, 32]^T: m64n128k32, FP32 accumulators; accumulate 0 overwrites d.
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : RTP_F8(0), RTP_F8(8), RTP_F8(16), RTP_F8(24), RTP_F8(32), RTP_F8(40), RTP_F8(48), RTP_F8(56)
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+#undef RTP_F8
+
+// One 128-column half of a K block: the fresh m64n128 product of the consumer's 64 A rows with
+// the half's 128 B rows over the block's 128 K, waited for.
+__device__ __forceinline__ void mma_half(float (&part)[64], uint32_t a_addr, uint32_t b_addr) {
+  __syncwarp();
+  fence_regs(part);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int k = 0; k < kBK / 32; ++k) wgmma_m64n128k32(part, smem_desc(a_addr + 32 * k), smem_desc(b_addr + 32 * k), k);
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  fence_regs(part);
+}
+
+// acc += part * scale, row r0's accumulators (j = 0, 1) with s0, row r0 + 8's (j = 2, 3) with s1.
+__device__ __forceinline__ void promote(float* acc, const float (&part)[64], float s0, float s1) {
+#pragma unroll
+  for (int i = 0; i < 64; i += 4) {
+    acc[i + 0] = __fmaf_rn(part[i + 0], s0, acc[i + 0]);
+    acc[i + 1] = __fmaf_rn(part[i + 1], s0, acc[i + 1]);
+    acc[i + 2] = __fmaf_rn(part[i + 2], s1, acc[i + 2]);
+    acc[i + 3] = __fmaf_rn(part[i + 3], s1, acc[i + 3]);
+  }
+}
+
+// Pair tile t of a cluster -> (row tile of pair, column tile), grouped group_m pairs at a time.
+__device__ __forceinline__ void pair_coords(int t, int pairs_m, int tiles_n, int group_m, int& pm, int& tn) {
+  const int width = group_m * tiles_n;
+  const int first = (t / width) * group_m;
+  const int size = min(pairs_m - first, group_m);
+  const int r = t % width;
+  pm = first + r % size;
+  tn = r / size;
+}
+#endif  // RTP_SM90A
+
+struct Params {
+  const float* sb;
+  int64_t sb_stride_e, sb_stride_n, sb_stride_k;
+  int m, n, kb, tiles_m, tiles_n, pairs_m, group_m, sb_rows;
+  const int* ids;  // grouped: the row ids (-1 padding), experts of them valid
+  int* counters;   // grouped: [-1 rows, rows of another or an invalid id], added to
+  int experts;
+};
+
+#ifdef RTP_SM90A
+// Grouped: the expert of row tile tm (its first row's id), -1 where it has none (padding, an
+// invalid id, or a tile past M). Dense: 0.
+template <bool kGrouped>
+__device__ __forceinline__ int tile_expert(const Params& p, int tm) {
+  if constexpr (!kGrouped) return 0;
+  if (tm >= p.tiles_m) return -1;
+  const int e = p.ids[static_cast<int64_t>(tm) * kBM];
+  return e >= 0 && e < p.experts ? e : -1;
+}
+#endif
+
+// kGrouped: m-grouped contiguous (b [E, N, K] as [E * N, K], 128-row tiles of one expert each):
+// a tile without an expert runs on expert 0's weights and stores zeros; rows whose id is not the
+// tile's expert are stored as zeros and counted, at the first column tile (as the Triton kernels
+// do). B is multicast only where both row tiles of the pair have the same expert; else each CTA
+// loads both halves of its own.
+template <bool kGrouped>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                         const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_d,
+                         const Params p) {
+#ifdef RTP_SM90A
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t full0 = base + kOffSB + sb_bytes(p.kb);
+  const uint32_t empty0 = full0 + kStages * 8;
+
+  uint32_t rank, cid, ncl;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(ncl));
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 16);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();  // both CTAs' barriers exist before either multicasts into them
+
+  const int pairs = p.pairs_m * p.tiles_n;
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_sa)) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = cid; t < pairs; t += ncl) {
+        int pm, tn;
+        pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
+        const int row0 = (2 * pm + rank) * kBM, col0 = tn * kBN;
+        const int e0 = max(tile_expert<kGrouped>(p, 2 * pm), 0), e1 = max(tile_expert<kGrouped>(p, 2 * pm + 1), 0);
+        const bool multicast = e0 == e1;
+        const int brow = (rank ? e1 : e0) * p.n + col0;  // B's first row in [E * N, K]
+        for (int kb = 0; kb < p.kb; ++kb) {
+          const uint32_t full = full0 + 8 * s;
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          mbar_expect_tx(full, kABytes + kBBytes + kSABytes);
+          tma_load(&map_a, base + kOffA + s * kABytes, full, kb * kBK, row0);
+          tma_load(&map_sa, base + kOffSA + s * kSABytes, full, row0, kb);
+          const uint32_t b_dst = base + kOffB + s * kBBytes;
+          if (multicast) {
+            tma_load_multicast(&map_b, b_dst + rank * kBHalfBytes, full, kb * kBK, brow + rank * kHalfN, 0x3);
+          } else {
+            tma_load(&map_b, b_dst, full, kb * kBK, brow);
+            tma_load(&map_b, b_dst + kBHalfBytes, full, kb * kBK, brow + kHalfN);
+          }
+          if (++s == kStages) s = 0, phase ^= 1;
+        }
+      }
+      // Every slot released once more by both CTAs: the peer's last arrivals on this CTA's barriers
+      // have landed before it exits.
+      for (int i = 0; i < kStages; ++i) {
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = warp * 16 + lane / 4;
+    float* sbw = reinterpret_cast<float*>(smem + kOffSB) + wg * 2 * p.kb;  // [2 halves][kb]
+    const uint32_t dw = base + kOffD + wg * kDWgBytes;
+    float acc[128];
+    float part[64];
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = cid; t < pairs; t += ncl) {
+      int pm, tn;
+      pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
+      const int tm = 2 * pm + rank;
+      const int expert = tile_expert<kGrouped>(p, tm);
+      const float* sbe = p.sb + static_cast<int64_t>(max(expert, 0)) * p.sb_stride_e;
+      // The tile's two B-scale rows; a half past N gets zero scales (its columns are not stored).
+      // The first barrier: every thread of the warpgroup is done with the previous tile's rows.
+      named_sync(1 + wg);
+      for (int i = tid; i < 2 * p.kb; i += 128) {
+        const int h = i / p.kb, kb = i % p.kb, row = 2 * tn + h;
+        sbw[i] = row < p.sb_rows ? sbe[row * p.sb_stride_n + kb * p.sb_stride_k] : 0.0f;
+      }
+      named_sync(1 + wg);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+      for (int kb = 0; kb < p.kb; ++kb) {
+        mbar_wait(full0 + 8 * s, phase);
+        const float* sa = reinterpret_cast<const float*>(smem + kOffSA + s * kSABytes) + wg * 64;
+        const float sa0 = sa[r0], sa1 = sa[r0 + 8];
+        const float sb0 = sbw[kb], sb1 = sbw[p.kb + kb];
+        const uint32_t a_addr = base + kOffA + s * kABytes + wg * 64 * kBK;
+        const uint32_t b_addr = base + kOffB + s * kBBytes;
+        mma_half(part, a_addr, b_addr);
+        promote(acc, part, sa0 * sb0, sa1 * sb0);
+        mma_half(part, a_addr, b_addr + kBHalfBytes);
+        if (lane < 2) mbar_arrive_cluster(empty0 + 8 * s, lane);
+        promote(acc + 64, part, sa0 * sb1, sa1 * sb1);
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+      if (tm >= p.tiles_m) continue;  // the peer's row tile past M: nothing to store
+      if constexpr (kGrouped) {  // rows not of the tile's expert: zeros, counted at the first column tile
+        bool pad[2], other[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int64_t row = static_cast<int64_t>(tm) * kBM + wg * 64 + r0 + 8 * j;
+          const int id = row < p.m ? p.ids[row] : -1;
+          const bool ok = row < p.m && expert >= 0 && id == expert;
+          pad[j] = row < p.m && id == -1;
+          other[j] = row < p.m && id != -1 && !ok;
+          if (!ok) {
+#pragma unroll
+            for (int i = 0; i < 128; i += 4) acc[i + 2 * j] = acc[i + 2 * j + 1] = 0.0f;
+          }
+        }
+        if (tn == 0) {  // lanes 0, 4, ... hold the warp's 16 rows
+          const bool lead = lane % 4 == 0;
+          const int n_pad = __popc(__ballot_sync(0xffffffff, lead && pad[0])) +
+                            __popc(__ballot_sync(0xffffffff, lead && pad[1]));
+          const int n_other = __popc(__ballot_sync(0xffffffff, lead && other[0])) +
+                              __popc(__ballot_sync(0xffffffff, lead && other[1]));
+          if (lane == 0 && n_pad) atomicAdd(p.counters, n_pad);
+          if (lane == 0 && n_other) atomicAdd(p.counters + 1, n_other);
+        }
+      }
+      // Epilogue: the consumer's 64x256 bf16 tile as four 64x64 boxes, 128-byte swizzled (16-byte
+      // chunk c of row r at c ^ (r % 8)), then TMA stores. The previous tile's stores must have
+      // read the buffer first.
+      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      named_sync(1 + wg);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = h * 128 + i * 8 + 2 * (lane % 4);
+          const int box = col / 64, chunk = (col % 64) / 8, within = (col % 8) * 2;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int r = r0 + 8 * j;
+            const uint32_t addr = dw + box * kDBoxBytes + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
+            const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h * 64 + i * 4 + 2 * j], acc[h * 64 + i * 4 + 2 * j + 1]);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
+                         : "memory");
+          }
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      named_sync(1 + wg);
+      if (tid == 0) {
+        const int row = tm * kBM + wg * 64;
+#pragma unroll
+        for (int box = 0; box < 4; ++box) {
+          const int col = tn * kBN + box * 64;
+          if (col < p.n) tma_store(&map_d, dw + box * kDBoxBytes, col, row);
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+  cluster_sync();
+#endif  // RTP_SM90A
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  });
+  TORCH_CHECK(fn != nullptr, "fp8_gemm_sm90: the driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+// A 2-D tensor map over `ptr`: inner dimension d0 (contiguous), outer d1 with a row pitch of
+// `pitch` bytes, boxes [b1, b0].
+CUtensorMap tensor_map(const void* ptr, CUtensorMapDataType type, int elem, uint64_t d0, uint64_t d1, uint64_t pitch,
+                       uint32_t b0, uint32_t b1, CUtensorMapSwizzle swizzle, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {d0, d1};
+  const cuuint64_t strides[1] = {pitch};
+  const cuuint32_t box[2] = {b0, b1};
+  const cuuint32_t step[2] = {1, 1};
+  const CUresult r = encode_fn()(&map, type, 2, const_cast<void*>(ptr), dims, strides, box, step,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "fp8_gemm_sm90: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", int(r),
+              ")");
+  (void)elem;
+  return map;
+}
+
+void check_aligned(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "fp8_gemm_sm90: ", name,
+              " must start 16-byte aligned");
+}
+
+cudaLaunchConfig_t launch_config(int clusters, int smem, cudaLaunchAttribute* attr) {
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(2 * clusters);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of 2 that fit at once: a persistent grid larger than that would run its last
+// clusters after the others finished. Also sets the kernel's shared memory limit, once per size
+// and device (not inside a CUDA graph capture after the first call).
+template <bool kGrouped>
+int max_clusters(int smem) {
+  static int cached_smem = -1, cached = 0, cached_device = -1;
+  static std::mutex mu;
+  int device;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (smem == cached_smem && device == cached_device) return cached;
+  C10_CUDA_CHECK(
+      cudaFuncSetAttribute(fp8_gemm_sm90_kernel<kGrouped>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(1024, smem, attr);
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fp8_gemm_sm90_kernel<kGrouped>, &cfg));
+  TORCH_CHECK(n > 0, "fp8_gemm_sm90: no 2-CTA cluster of ", smem, " bytes of shared memory fits this GPU");
+  cached_smem = smem, cached = n, cached_device = device;
+  return n;
+}
+
+// Checks shared by both ops; b is [N, K] (dense) or [E, N, K] (grouped), sb likewise.
+void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
+                  const at::Tensor& out, int64_t group_m, int bdim) {
+  TORCH_CHECK(a.is_cuda() && sa.is_cuda() && b.is_cuda() && sb.is_cuda() && out.is_cuda(),
+              "fp8_gemm_sm90: a, sa, b, sb and out must be CUDA tensors");
+  TORCH_CHECK(a.device() == b.device() && a.device() == sa.device() && a.device() == sb.device() &&
+                  a.device() == out.device(),
+              "fp8_gemm_sm90: a, sa, b, sb and out must be on one device");
+  TORCH_CHECK(a.dim() == 2 && sa.dim() == 2 && out.dim() == 2, "fp8_gemm_sm90: a, sa and out must be 2-D");
+  TORCH_CHECK(b.dim() == bdim && sb.dim() == bdim, "fp8_gemm_sm90: b and sb must be ", bdim, "-D");
+  TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fn && b.scalar_type() == at::kFloat8_e4m3fn,
+              "fp8_gemm_sm90: a and b must be float8_e4m3fn");
+  TORCH_CHECK(sa.scalar_type() == at::kFloat && sb.scalar_type() == at::kFloat,
+              "fp8_gemm_sm90: sa and sb must be float32");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16, "fp8_gemm_sm90: out must be bfloat16");
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(-2), kb = (k + kBK - 1) / kBK;
+  TORCH_CHECK(b.size(-1) == k, "fp8_gemm_sm90: b must be [", bdim == 3 ? "E, " : "", "N, K] with a's K = ", k,
+              ", got ", b.sizes());
+  TORCH_CHECK(out.size(0) == m && out.size(1) == n, "fp8_gemm_sm90: out must be [M, N] = [", m, ", ", n, "], got ",
+              out.sizes());
+  TORCH_CHECK(sa.size(0) == m && sa.size(1) == kb, "fp8_gemm_sm90: sa must be [M, ceil(K/128)] = [", m, ", ", kb,
+              "], got ", sa.sizes());
+  TORCH_CHECK(sb.size(-2) == (n + 127) / 128 && sb.size(-1) == kb && (bdim == 2 || sb.size(0) == b.size(0)),
+              "fp8_gemm_sm90: sb must be [", bdim == 3 ? "E, " : "", "ceil(N/128), ceil(K/128)] = [",
+              bdim == 3 ? std::to_string(b.size(0)) + ", " : std::string(), (n + 127) / 128, ", ", kb, "], got ",
+              sb.sizes());
+  TORCH_CHECK(m > 0 && n > 0 && k > 0, "fp8_gemm_sm90: M, N and K must be positive");
+  TORCH_CHECK(a.stride(1) == 1 && b.stride(-1) == 1 && out.stride(1) == 1,
+              "fp8_gemm_sm90: a, b and out must have unit stride along their last dimension");
+  TORCH_CHECK(a.stride(0) % 16 == 0 && b.stride(-2) % 16 == 0 && (out.stride(0) * 2) % 16 == 0,
+              "fp8_gemm_sm90: the row strides of a, b (bytes) and out must be multiples of 16 bytes");
+  TORCH_CHECK(bdim == 2 || b.stride(0) == n * b.stride(1),
+              "fp8_gemm_sm90: b's experts must follow one another (viewable as [E * N, K])");
+  TORCH_CHECK(sa.stride(0) == 1 && sa.stride(1) % 4 == 0 && sa.stride(1) >= m,
+              "fp8_gemm_sm90: sa must be column-major with a column stride that is a multiple of 4 (col_tma)");
+  TORCH_CHECK(group_m >= 1, "fp8_gemm_sm90: group_m must be positive, got ", group_m);
+  check_aligned(a, "a");
+  check_aligned(b, "b");
+  check_aligned(sa, "sa");
+  check_aligned(out, "out");
+  TORCH_CHECK(smem_bytes(static_cast<int>(kb)) <= kSmemMax, "fp8_gemm_sm90: K = ", k, " needs ",
+              smem_bytes(static_cast<int>(kb)), " bytes of shared memory, over ", kSmemMax);
+  TORCH_CHECK(m < (1LL << 31) && b.size(0) * n < (1LL << 31) && k < (1LL << 31),
+              "fp8_gemm_sm90: M, N (times E) and K must fit int32");
+}
+
+template <bool kGrouped>
+void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb, at::Tensor& out,
+            int64_t group_m, int64_t clusters_cap, const int* ids, int* counters) {
+  const c10::cuda::CUDAGuard guard(a.device());
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a.get_device()));
+  TORCH_CHECK(major == 9 && minor == 0, "fp8_gemm_sm90: needs an SM90 GPU, this is sm_", major, minor);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(-2), kb = (k + kBK - 1) / kBK;
+  const int64_t b_rows = kGrouped ? b.size(0) * n : n;
+  const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, k, m, a.stride(0), kBK, kBM,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, "a");
+  const CUtensorMap map_b = tensor_map(b.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, k, b_rows, b.stride(-2), kBK,
+                                       kHalfN, CU_TENSOR_MAP_SWIZZLE_128B, "b");
+  const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, m, kb, sa.stride(1) * 4,
+                                        kBM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
+  const CUtensorMap map_d = tensor_map(out.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, out.stride(0) * 2,
+                                       64, 64, CU_TENSOR_MAP_SWIZZLE_128B, "out");
+  Params p;
+  p.sb = sb.data_ptr<float>();
+  p.sb_stride_e = kGrouped ? sb.stride(0) : 0;
+  p.sb_stride_n = sb.stride(-2);
+  p.sb_stride_k = sb.stride(-1);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.kb = static_cast<int>(kb);
+  p.tiles_m = static_cast<int>((m + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int>((n + kBN - 1) / kBN);
+  p.pairs_m = (p.tiles_m + 1) / 2;
+  p.group_m = static_cast<int>(group_m);
+  p.sb_rows = static_cast<int>(sb.size(-2));
+  p.ids = ids;
+  p.counters = counters;
+  p.experts = kGrouped ? static_cast<int>(b.size(0)) : 1;
+
+  const int smem = smem_bytes(p.kb);
+  const int64_t pairs = static_cast<int64_t>(p.pairs_m) * p.tiles_n;
+  const int fit = max_clusters<kGrouped>(smem);
+  const int clusters = static_cast<int>(std::min<int64_t>(pairs, clusters_cap > 0 ? clusters_cap : fit));
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = launch_config(clusters, smem, attr);
+  cfg.stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_kernel<kGrouped>, map_a, map_b, map_sa, map_d, p));
+}
+
+void fp8_gemm_sm90(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
+                   at::Tensor& out, int64_t group_m, int64_t clusters) {
+  check_common(a, sa, b, sb, out, group_m, 2);
+  TORCH_CHECK(clusters >= 0, "fp8_gemm_sm90: clusters must be >= 0 (0: as many as fit), got ", clusters);
+  launch<false>(a, sa, b, sb, out, group_m, clusters, nullptr, nullptr);
+}
+
+// How many 2-CTA clusters of the dense kernel fit on the current GPU at once for this K.
+int64_t fp8_gemm_sm90_clusters(int64_t k) {
+  TORCH_CHECK(k > 0 && smem_bytes(static_cast<int>((k + kBK - 1) / kBK)) <= kSmemMax,
+              "fp8_gemm_sm90_clusters: K = ", k, " does not fit");
+  return max_clusters<false>(smem_bytes(static_cast<int>((k + kBK - 1) / kBK)));
+}
+
+void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
+                              const at::Tensor& ids, at::Tensor& out, at::Tensor& counters, int64_t group_m,
+                              int64_t clusters) {
+  check_common(a, sa, b, sb, out, group_m, 3);
+  TORCH_CHECK(clusters >= 0, "fp8_gemm_sm90: clusters must be >= 0 (0: as many as fit), got ", clusters);
+  TORCH_CHECK(ids.is_cuda() && counters.is_cuda() && ids.device() == a.device() && counters.device() == a.device(),
+              "fp8_gemm_sm90: ids and counters must be CUDA tensors on a's device");
+  TORCH_CHECK(ids.scalar_type() == at::kInt && ids.dim() == 1 && ids.size(0) == a.size(0) && ids.is_contiguous(),
+              "fp8_gemm_sm90: ids must be contiguous int32 [M] = [", a.size(0), "]");
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() == 2 && counters.is_contiguous(),
+              "fp8_gemm_sm90: counters must be contiguous int32 [2]");
+  launch<true>(a, sa, b, sb, out, group_m, clusters, ids.data_ptr<int>(), counters.data_ptr<int>());
+}
+
+}  // namespace gemm90
+}  // namespace rtp_fp8
+
+TORCH_LIBRARY_FRAGMENT(rtp_fp8_C, m) {
+  m.def("fp8_gemm_sm90(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int group_m, int clusters) -> ()");
+  m.def(
+      "fp8_gemm_sm90_contiguous(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor ids, Tensor(a!) out, "
+      "Tensor(b!) counters, int group_m, int clusters) -> ()");
+  m.def("fp8_gemm_sm90_clusters(int k) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_clusters);
+}
+TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) {
+  m.impl("fp8_gemm_sm90", &rtp_fp8::gemm90::fp8_gemm_sm90);
+  m.impl("fp8_gemm_sm90_contiguous", &rtp_fp8::gemm90::fp8_gemm_sm90_contiguous);
+}

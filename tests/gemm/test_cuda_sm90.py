@@ -1,0 +1,218 @@
+"""The CUDA SM90 GEMM with 2-CTA clusters multicasting B (csrc/fp8_gemm_sm90.cu, rtp_fp8._ext.fp8_gemm_sm90).
+
+SM90 GPU with the built extension: bit-identical to the Triton kernel (block_scaled.USE_WS off; the
+same m64n128 products per 128-column half and K block, the same FP32 promotion) on ragged shapes: an
+odd number of 128-row tiles (the last cluster's second CTA has no rows), M, N and the last 256-column
+tile partial, K of 1 to 56 blocks; into a padded `out` whose guard rows and columns must stay
+poisoned; within TOL of the float64 oracle; and each bad argument refused with a message naming it.
+m-grouped contiguous (fp8_gemm_sm90_contiguous): bit-identical to the Triton kernel, counters too, on
+a layout with padding rows, an out-of-range id, a ragged and an empty expert, and pairs of row tiles
+of one expert (B multicast) and of two (each CTA loads its own). Through the dispatch with
+block_scaled.USE_CLUSTER on (off as shipped), dense and contiguous calls that sm90_ws runs in 128x256
+tiles take it (column splits too).
+CPU: block_scaled.cluster_refusal's reasons.
+"""
+
+import pytest
+import torch
+
+from helpers import assert_bits_equal, rel_l2
+from rtp_fp8 import _ext
+from rtp_fp8.gemm import reference as GR
+from rtp_fp8.gemm.triton import block_scaled as G
+from rtp_fp8.quant import block as B
+from rtp_fp8.quant import token_group as T
+
+TOL = 5e-3
+
+
+needs_ext = pytest.mark.skipif(not (torch.cuda.is_available() and _ext.available()),
+                               reason=f"needs the built extension ({_ext.unavailable_reason()})")
+
+
+def _ops(m, n, k, seed, e=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).cuda()
+    a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
+    b, sb = B.quantize_weight_blocks(w)
+    return a, sa, b, sb
+
+
+def _triton(monkeypatch, a, sa, b, sb):
+    """The Triton kernel, unsplit: small grids would otherwise split K (another FP32 summation order)."""
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "USE_WS", False)
+        mp.setattr(G, "USE_SWAP", False)
+        mp.setattr(G, "FORCE_SPLIT_K", 1)
+        return G.fp8_gemm_nt(a, sa, b, sb)
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("m,n,k", [(4096, 2048, 640), (384, 512, 128), (1100, 2112, 1664), (200, 264, 7168),
+                                   (2048, 4096, 256), (128, 7168, 2048)])
+@pytest.mark.parametrize("group_m", [1, 8])
+def test_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, group_m):
+    a, sa, b, sb = _ops(m, n, k, seed=m + n + k)
+    buf = torch.full((m + 3, n + 24), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[1:m + 1, 8:n + 8]  # 16-byte aligned start, row stride n + 24
+    _ext.fp8_gemm_sm90(a, sa, b, sb, out, group_m)
+    ref = _triton(monkeypatch, a, sa, b, sb)
+    assert_bits_equal(out, ref, f"({m}, {n}, {k})")
+    assert bool(torch.isnan(buf[0]).all() and torch.isnan(buf[m + 1:]).all())  # guard rows
+    assert bool(torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, n + 8:]).all())  # guard columns
+    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+def test_repeated_calls_and_a_cuda_graph_replay_give_the_same_bits():
+    a, sa, b, sb = _ops(1024, 1024, 1024, seed=7)
+    out = torch.full((1024, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _ext.fp8_gemm_sm90(a, sa, b, sb, out)
+    first = out.clone()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _ext.fp8_gemm_sm90(a, sa, b, sb, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+def test_bad_arguments_are_refused_by_name():
+    a, sa, b, sb = _ops(256, 256, 256, seed=1)
+    out = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
+    cases = [
+        ((a.float(), sa, b, sb, out), "a and b must be float8_e4m3fn"),
+        ((a, sa.double(), b, sb, out), "sa and sb must be float32"),
+        ((a, sa, b, sb, out.float()), "out must be bfloat16"),
+        ((a, sa, b[:, :128], sb, out), "b must be \\[N, K\\]"),
+        ((a, sa, b, sb, out[:, :128]), "out must be \\[M, N\\]"),
+        ((a, sa, b, sb[:1], out), "sb must be"),
+        ((a, sa.contiguous()[:, :1], b, sb, out), "sa must be"),
+        ((a, sa.contiguous(), b, sb, out), "sa must be column-major"),
+        ((a, sa, b, sb, out.cpu()), "must be CUDA tensors"),
+        ((a, sa, b, sb, torch.empty(256, 512, dtype=torch.bfloat16, device="cuda")[:, 1:257]),
+         "out must start 16-byte aligned"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(RuntimeError, match=msg):
+            _ext.fp8_gemm_sm90(*args)
+    with pytest.raises(RuntimeError, match="group_m must be positive"):
+        _ext.fp8_gemm_sm90(a, sa, b, sb, out, 0)
+
+
+def _spy(monkeypatch):
+    calls = []
+    real = G._ext.fp8_gemm_sm90
+
+    def spy(a, sa, b, sb, out, group_m):
+        calls.append((tuple(a.shape), tuple(b.shape), group_m))
+        return real(a, sa, b, sb, out, group_m)
+
+    monkeypatch.setattr(G._ext, "fp8_gemm_sm90", spy)
+    return calls
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("m,n,k,wide", [(4096, 4096, 512, 4096), (4096, 2112, 7168, 2048)])  # 2112: column split
+def test_dispatch_takes_the_cluster_kernel_for_128x256_tiles(monkeypatch, m, n, k, wide):
+    a, sa, b, sb = _ops(m, n, k, seed=n + k)
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)  # tile_shape's choice as on the H100 / H200
+    monkeypatch.setattr(G, "USE_CLUSTER", True)
+    calls = _spy(monkeypatch)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    assert calls == [((m, k), (wide, k), G.CLUSTER_GROUP_M)]
+    assert not bool(torch.isnan(out).any())
+    with monkeypatch.context() as mp:  # the dispatch without it: sm90_ws, bit-identical (unsplit columns)
+        mp.setattr(G, "USE_CLUSTER", False)
+        ref = G.fp8_gemm_nt(a, sa, b, sb)
+    assert len(calls) == 1
+    assert_bits_equal(out[:, :wide], ref[:, :wide], "the 128x256 columns")
+    assert_bits_equal(out[:, wide:], ref[:, wide:], "the other columns")
+
+
+def test_cluster_refusal_names_each_reason(monkeypatch):
+    a = torch.empty(4096, 1024, dtype=torch.float8_e4m3fn)
+    out = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    assert G.cluster_refusal(a, out) == "USE_CLUSTER is off"  # as shipped
+    monkeypatch.setattr(G, "USE_CLUSTER", True)
+    monkeypatch.setattr(G._ext, "available", lambda: False)
+    monkeypatch.setattr(G._ext, "unavailable_reason", lambda: "_C.so not built")
+    assert G.cluster_refusal(a, out) == "the CUDA extension is absent: _C.so not built"
+    monkeypatch.setattr(G._ext, "available", lambda: True)
+    assert G.cluster_refusal(a, out) is None
+    assert G.cluster_refusal(a, torch.empty(4096, 4100, dtype=torch.bfloat16)[:, :4096]) == "out is not TMA-aligned"
+    big = torch.empty(1, G.CLUSTER_MAX_K + 128, dtype=torch.float8_e4m3fn)
+    assert G.cluster_refusal(big, out) == f"K={G.CLUSTER_MAX_K + 128} > {G.CLUSTER_MAX_K}"
+    monkeypatch.setattr(G, "USE_CLUSTER", False)
+    assert G.cluster_refusal(a, out) == "USE_CLUSTER is off"
+
+
+def _grouped_case(n, k, seed, reps=1):
+    """(ids, a, sa, b, sb), E=4, reps times: expert 0: 512 rows; 128 padding rows; expert 2: 384 rows;
+    128 rows of id 9; a ragged expert 3 segment of 200 rows padded to 256; expert 1 empty. Row tile
+    pairs (0, 1) share expert 0, (4, 5) pair padding with expert 2, (6, 7) id 9 with expert 3."""
+    parts = [(0, 512), (-1, 128), (2, 384), (9, 128), (3, 200), (-1, 56)] * reps
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
+    return (ids, *_ops(ids.numel(), n, k, seed, e=4))
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("n,k,reps", [(2048, 512, 1), (2112, 1152, 1), (512, 7168, 2)])
+def test_contiguous_bit_identical_to_triton_with_counters(monkeypatch, n, k, reps):
+    ids, a, sa, b, sb = _grouped_case(n, k, seed=n + k, reps=reps)
+    m = ids.numel()
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
+    _ext.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, cnt)
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "USE_WS", False)
+        cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
+        ref = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, counters=cnt_ref)
+    assert_bits_equal(out, ref, f"contiguous ({m}, {n}, {k})")
+    assert cnt.tolist() == cnt_ref.tolist() == [184 * reps, 128 * reps]
+    valid = (ids >= 0) & (ids < 4)
+    assert bool((out[~valid] == 0).all())
+    want = GR.grouped_contiguous_ref(a, sa, b, sb, ids)
+    assert rel_l2(out[valid].double().cpu(), want[valid.cpu()]) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+def test_dispatch_takes_the_cluster_kernel_for_contiguous_128x256_tiles(monkeypatch):
+    ids, a, sa, b, sb = _grouped_case(4096, 256, seed=3, reps=16)  # 176 row tiles x 16 wide tiles
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
+    monkeypatch.setattr(G, "USE_CLUSTER", True)
+    calls = []
+    real = G._ext.fp8_gemm_sm90_contiguous
+    monkeypatch.setattr(G._ext, "fp8_gemm_sm90_contiguous", lambda *args: calls.append(args[-1]) or real(*args))
+    out = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids)
+    assert calls == [G.CLUSTER_GROUP_M]
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "USE_CLUSTER", False)
+        ref = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids)
+    assert_bits_equal(out, ref, "contiguous through the dispatch")
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
+    fit = _ext.fp8_gemm_sm90_clusters(2048)
+    assert 1 <= fit <= torch.cuda.get_device_properties(0).multi_processor_count // 2
+    a, sa, b, sb = _ops(1024, 2048, 2048, seed=11)  # 4 x 8 pair tiles
+    out = torch.full((1024, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _ext.fp8_gemm_sm90(a, sa, b, sb, out)
+    few = torch.full_like(out, float("nan"))
+    _ext.fp8_gemm_sm90(a, sa, b, sb, few, 8, 3)  # 3 clusters walk the 32 pair tiles
+    assert_bits_equal(few, out, "3 clusters")
+    with pytest.raises(RuntimeError, match="clusters must be >= 0"):
+        _ext.fp8_gemm_sm90(a, sa, b, sb, few, 8, -1)
