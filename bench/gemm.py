@@ -87,12 +87,14 @@ def patched(**values):
             setattr(G, k, v)
 
 
-def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
+def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False):
     """(label, flags) of what the dispatch runs: "sm90_ws BMxBN[/S]" (tile_shape's tile on this GPU,
     ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from
-    the other columns' call), "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K
-    splits) or "triton" (TMA / pointer); flags: the patched() values that take the kernel it
-    replaces (the Triton kernels split as sm90_ws split; the unswapped dispatch), None for triton."""
+    the other columns' call; "cluster 2x128x256" where the CUDA kernel with 2-CTA clusters runs
+    the 128x256 tiles of a dense or contiguous call: cluster, block_scaled.cluster_refusal None),
+    "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton"
+    (TMA / pointer); flags: the patched() values that take the kernel it replaces (the Triton kernels
+    split as sm90_ws split; the unswapped dispatch), None for triton."""
     dense = rows is None
     rows = m if rows is None else rows
     sms = A.num_sms(0)
@@ -102,14 +104,16 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1):
     n0 = G.sm90_ws.column_split(m, n, sms) if dense and refusal is None else 0
     if n0:  # N's whole wide tiles, then the rest through the dispatch: its K split is not the Triton kernel's
         bm, bn, _, splits = G.sm90_ws.grid(m, n - n0, k, sms)
-        return f"sm90_ws {G.sm90_ws.BM}x{G.sm90_ws.WIDE_BN} | {bm}x{bn}/{splits}", {"USE_WS": False,
-                                                                                   "FORCE_SPLIT_K": 1}
+        wide = "cluster 2x" if cluster else "sm90_ws "
+        return f"{wide}{G.sm90_ws.BM}x{G.sm90_ws.WIDE_BN} | {bm}x{bn}/{splits}", {"USE_WS": False,
+                                                                                 "FORCE_SPLIT_K": 1}
     if G.USE_SWAP and rows <= G.SWAP_MAX_ROWS:  # tried first (dense and masked)
         bn, bt, _, splits = G.swap_config(rows, n, k, m if dense else None, A.num_sms(0))
         return f"swap {bt}x{bn}/{splits}", {"USE_SWAP": False}
     if refusal is None:
         bm, bn = G.sm90_ws.tile_shape(m, n, A.num_sms(0), dense)
-        label = f"sm90_ws {bm}x{bn}"
+        wide = cluster and ws_splits == 1 and bm == G.sm90_ws.BM and bn == G.sm90_ws.WIDE_BN
+        label = f"{'cluster 2x' if wide else 'sm90_ws '}{bm}x{bn}"
         return label + (f"/{ws_splits}" if ws_splits > 1 else ""), {
             "USE_WS": False, "FORCE_SPLIT_K": ws_splits if dense else None}
     return "triton", None
@@ -134,8 +138,8 @@ def _measure(flops, call, sets, oi, kernel, rows=None):
             tms = rotated_ms(call, sets)
         r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
         r["vs_triton"] = _same(shipped, out, rows)
-        if label.startswith("sm90_ws") and "|" not in label and r["vs_triton"] != "bit":
-            raise AssertionError("sm90_ws and the Triton kernel differ")
+        if label.startswith(("sm90_ws", "cluster")) and "|" not in label and r["vs_triton"] != "bit":
+            raise AssertionError(f"{label} and the Triton kernel differ")
         out.copy_(shipped)  # DeepGEMM is compared with what the dispatch wrote
     return r
 
@@ -174,7 +178,8 @@ def dense(m, n, k, dg=None, cold=True):
     sets = operand_sets(lambda: dense_inputs(m, n, k), cold)
     a, sa, b, sb, out = sets[0]
     r = _measure(2 * m * n * k, dense_call, sets, 4,
-                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b)))
+                 _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b),
+                         cluster=G.cluster_refusal(a, out) is None))
     if dg is not None:
         _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4)
     return r
@@ -185,7 +190,8 @@ def grouped(g, m, n, k, dg=None, cold=True):
     a, sa, b, sb, ids, out, cnt = sets[0]
     flops = 2 * g * m * n * k
     r = _measure(flops, grouped_call, sets, 5,
-                 _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30))
+                 _kernel(G.ws_refusal(G.CONTIGUOUS, a, sa, b, sb, out), g * m, n, k, rows=1 << 30,
+                         cluster=G.cluster_refusal(a, out) is None))
     if dg is not None:
         with D.mk_alignment(128, dg):
             _beside(r, flops, lambda a, sa, b, sb, ids, out, cnt: D.m_grouped_fp8_gemm_nt_contiguous(

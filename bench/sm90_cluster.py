@@ -1,0 +1,113 @@
+"""The CUDA SM90 GEMM with 2-CTA clusters multicasting B (csrc/fp8_gemm_sm90.cu) against the dispatch
+without it (block_scaled.USE_CLUSTER off, as shipped: sm90_ws's Gluon 128x256 tiles at these shapes), the
+dispatch with it and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
+
+    PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--reps 2]
+
+Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
+(bench.common.operand_sets). Each rep times the dispatch without the cluster kernel and with it,
+the cluster kernel called directly at each --group-m and DeepGEMM when it runs here; medians over reps
+of each rep's CUDA-graph median, each rep's times kept. The cluster kernel's output on set 0 must equal
+the Triton kernel's (unsplit) bit for bit (an AssertionError otherwise); the others' are compared and
+reported. TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rel_l2, rotated_ms
+from bench.gemm import DENSE, GROUPED, _deepgemm, dense_call, dense_inputs, grouped_call, grouped_inputs, patched
+from rtp_fp8 import _ext
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import deepgemm as D
+
+SHAPES = [("dense", s) for s in DENSE if s[0] == 4096] + [("contiguous", s) for s in GROUPED]
+
+
+def variants(kind, group_ms, dg):
+    """[(label, call(*ops))] for a dense_inputs / grouped_inputs tuple: the dispatch without the cluster
+    kernel (sm90_ws, as shipped), the dispatch with it (block_scaled.USE_CLUSTER on), the cluster kernel
+    called directly per group_m (a dense call's tail columns in it too, no column split), DeepGEMM."""
+    shipped = dense_call if kind == "dense" else grouped_call
+
+    def sm90_ws(*ops):
+        with patched(USE_CLUSTER=False):
+            shipped(*ops)
+
+    def dispatch(*ops):
+        with patched(USE_CLUSTER=True):
+            shipped(*ops)
+
+    out = [("sm90_ws", sm90_ws), ("dispatch", dispatch)]
+    if kind == "dense":
+        out += [(f"cluster g{g}", lambda a, sa, b, sb, o, g=g: _ext.fp8_gemm_sm90(a, sa, b, sb, o, g))
+                for g in group_ms]
+        if dg is not None:
+            out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
+    else:
+        out += [(f"cluster g{g}", lambda a, sa, b, sb, ids, o, cnt, g=g: _ext.fp8_gemm_sm90_contiguous(
+            a, sa, b, sb, ids, o, cnt, g)) for g in group_ms]
+        if dg is not None:
+            def deepgemm(a, sa, b, sb, ids, o, cnt):
+                with D.mk_alignment(128, dg):
+                    D.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, o, A.detect(), dg)
+            out.append(("deepgemm", deepgemm))
+    return out
+
+
+def measure(sets, oi, todo, reps):
+    """{label: median us}, each rep's times, and how each output (ops[oi]) compares with the Triton
+    kernel's, unsplit (the dispatch splits K in the last columns of a column split)."""
+    with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=1):
+        ref = output_of(todo[1][1], sets[0], sets[0][oi])
+    same = {}
+    for label, call in todo:
+        got = output_of(call, sets[0], sets[0][oi])
+        same[label] = "bit" if torch.equal(got, ref) else f"{rel_l2(got, ref):.1e}"
+        if label.startswith("cluster") and same[label] != "bit":
+            raise AssertionError(f"{label} differs from the Triton kernel (relative L2 {same[label]})")
+    times = {label: [] for label, _ in todo}
+    for _ in range(reps):
+        for label, call in todo:
+            times[label].append(rotated_ms(call, sets) * 1e3)
+    return {"us": {k: statistics.median(v) for k, v in times.items()}, "reps_us": times, "same": same}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--group-m", type=int, nargs="+", default=[8])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-deepgemm", action="store_true")
+    args = ap.parse_args()
+    if not _ext.available():
+        raise SystemExit(f"sm90_cluster: the extension is not built ({_ext.unavailable_reason()})")
+    ceiling = fp8_gemm_tflops()
+    dg, why = (None, "--no-deepgemm") if args.no_deepgemm else _deepgemm()
+    env = environment()
+    env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
+    print(env)
+    print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s", flush=True)
+    rows = []
+    for kind, shape in SHAPES:
+        if kind == "dense":
+            sets, oi = operand_sets(lambda s=shape: dense_inputs(*s)), 4
+            flops = 2 * shape[0] * shape[1] * shape[2]
+        else:
+            sets, oi = operand_sets(lambda s=shape: grouped_inputs(*s)), 5
+            flops = 2 * shape[0] * shape[1] * shape[2] * shape[3]
+        r = measure(sets, oi, variants(kind, args.group_m, dg), args.reps)
+        r["tflops"] = {label: flops / (us * 1e-6) / 1e12 for label, us in r["us"].items()}
+        rows.append({"kind": kind, "shape": list(shape), "operand_sets": len(sets), **r})
+        cells = "  ".join(f"{label} {us:7.1f} us {r['tflops'][label]:5.0f}" for label, us in r["us"].items())
+        print(f"{kind:10s} {str(tuple(shape)):>22s}  {cells}  same {r['same']}", flush=True)
+        if args.out:
+            dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

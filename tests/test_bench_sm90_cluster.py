@@ -1,0 +1,59 @@
+"""bench/sm90_cluster.py's host side: the reference is the Triton kernel unsplit (block_scaled's flags
+patched for it and restored), every variant is compared with it and timed each rep in turn, a cluster
+variant that differs stops the run, and the sm90_ws and dispatch variants run with USE_CLUSTER off and on. Timings come
+from the GPU."""
+
+import pytest
+import torch
+
+from bench import sm90_cluster as C
+from rtp_fp8.gemm.triton import block_scaled as G
+
+
+def _sets():
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(4, 8, generator=g), torch.empty(4, 8))]
+
+
+def _flags():
+    return (G.USE_WS, G.USE_SWAP, G.FORCE_SPLIT_K, G.USE_CLUSTER)
+
+
+def test_reference_comparisons_and_turns(monkeypatch):
+    before, seen = _flags(), []
+
+    def ref_call(x, out):  # the 'dispatch' slot: the Triton kernel when the flags say so
+        out.copy_(x if not G.USE_WS and G.FORCE_SPLIT_K == 1 and not G.USE_SWAP else x + 1)
+
+    todo = [("sm90_ws", lambda x, out: out.copy_(x)), ("dispatch", ref_call),
+            ("cluster g8", lambda x, out: out.copy_(x)), ("deepgemm", lambda x, out: out.copy_(x * 2))]
+    monkeypatch.setattr(C, "rotated_ms", lambda call, sets: seen.append(call) or 1e-3)
+    r = C.measure(_sets(), 1, todo, reps=2)
+    x = _sets()[0][0]
+    assert r["same"] == {"sm90_ws": "bit", "dispatch": f"{C.rel_l2(x + 1, x):.1e}", "cluster g8": "bit",
+                         "deepgemm": f"{C.rel_l2(x * 2, x):.1e}"}
+    assert seen == [call for _, call in todo] * 2 and r["us"] == {label: 1.0 for label, _ in todo}
+    assert r["reps_us"]["cluster g8"] == [1.0, 1.0] and _flags() == before
+
+
+def test_a_cluster_variant_that_differs_stops_the_run(monkeypatch):
+    monkeypatch.setattr(C, "rotated_ms", lambda call, sets: pytest.fail("timed a wrong kernel"))
+    todo = [("sm90_ws", lambda x, out: out.copy_(x)), ("dispatch", lambda x, out: out.copy_(x)),
+            ("cluster g16", lambda x, out: out.copy_(x + 1))]
+    with pytest.raises(AssertionError, match="cluster g16 differs from the Triton kernel"):
+        C.measure(_sets(), 1, todo, reps=1)
+
+
+def test_the_sm90_ws_and_dispatch_variants_turn_the_cluster_kernel_off_and_on(monkeypatch):
+    seen = []
+    monkeypatch.setattr(C, "dense_call", lambda *ops: seen.append(G.USE_CLUSTER))
+    monkeypatch.setattr(C, "grouped_call", lambda *ops: seen.append(("grouped", G.USE_CLUSTER)))
+    dense = dict(C.variants("dense", [8, 16], None))
+    assert list(dense) == ["sm90_ws", "dispatch", "cluster g8", "cluster g16"]
+    dense["sm90_ws"]()
+    dense["dispatch"]()
+    grouped = dict(C.variants("contiguous", [8], None))
+    assert list(grouped) == ["sm90_ws", "dispatch", "cluster g8"]
+    grouped["sm90_ws"]()
+    grouped["dispatch"]()
+    assert seen == [False, True, ("grouped", False), ("grouped", True)] and G.USE_CLUSTER is False
