@@ -2,12 +2,13 @@
 without it (block_scaled.USE_CLUSTER off, as shipped: sm90_ws's Gluon 128x256 tiles at these shapes), the
 dispatch with it and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
 
-    PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--reps 2]
+    PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--clusters 0 66] [--reps 2]
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
-(bench.common.operand_sets). Each rep times the dispatch without the cluster kernel and with it,
-the cluster kernel called directly at each --group-m and DeepGEMM when it runs here; medians over reps
-of each rep's CUDA-graph median, each rep's times kept. The cluster kernel's output on set 0 must equal
+(bench.common.operand_sets). Each rep times the dispatch without the cluster kernel and with it, the
+cluster kernel called directly at each --group-m and --clusters cap (0: as many clusters as fit, the
+count the run records under env.clusters_fit), and DeepGEMM when it runs here; medians over reps of
+each rep's CUDA-graph median, each rep's times kept. The cluster kernel's output on set 0 must equal
 the Triton kernel's (unsplit) bit for bit (an AssertionError otherwise); the others' are compared and
 reported. TFLOP/s beside cuBLASLt's FP8 GEMM measured in the same run.
 """
@@ -28,10 +29,15 @@ from rtp_fp8.gemm import deepgemm as D
 SHAPES = [("dense", s) for s in DENSE if s[0] == 4096] + [("contiguous", s) for s in GROUPED]
 
 
-def variants(kind, group_ms, dg):
+def _label(g, c):
+    return f"cluster g{g}" + (f" c{c}" if c else "")
+
+
+def variants(kind, group_ms, dg, caps=(0,)):
     """[(label, call(*ops))] for a dense_inputs / grouped_inputs tuple: the dispatch without the cluster
     kernel (sm90_ws, as shipped), the dispatch with it (block_scaled.USE_CLUSTER on), the cluster kernel
-    called directly per group_m (a dense call's tail columns in it too, no column split), DeepGEMM."""
+    called directly per group_m and clusters cap (0: as many as fit; a dense call's tail columns in it
+    too, no column split), DeepGEMM."""
     shipped = dense_call if kind == "dense" else grouped_call
 
     def sm90_ws(*ops):
@@ -44,13 +50,13 @@ def variants(kind, group_ms, dg):
 
     out = [("sm90_ws", sm90_ws), ("dispatch", dispatch)]
     if kind == "dense":
-        out += [(f"cluster g{g}", lambda a, sa, b, sb, o, g=g: _ext.fp8_gemm_sm90(a, sa, b, sb, o, g))
-                for g in group_ms]
+        out += [(_label(g, c), lambda a, sa, b, sb, o, g=g, c=c: _ext.fp8_gemm_sm90(a, sa, b, sb, o, g, c))
+                for g in group_ms for c in caps]
         if dg is not None:
             out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
     else:
-        out += [(f"cluster g{g}", lambda a, sa, b, sb, ids, o, cnt, g=g: _ext.fp8_gemm_sm90_contiguous(
-            a, sa, b, sb, ids, o, cnt, g)) for g in group_ms]
+        out += [(_label(g, c), lambda a, sa, b, sb, ids, o, cnt, g=g, c=c: _ext.fp8_gemm_sm90_contiguous(
+            a, sa, b, sb, ids, o, cnt, g, c)) for g in group_ms for c in caps]
         if dg is not None:
             def deepgemm(a, sa, b, sb, ids, o, cnt):
                 with D.mk_alignment(128, dg):
@@ -81,6 +87,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--group-m", type=int, nargs="+", default=[8])
+    ap.add_argument("--clusters", type=int, nargs="+", default=[0],
+                    help="caps on the 2-CTA clusters launched (0: as many as fit, fp8_gemm_sm90_clusters)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
     args = ap.parse_args()
@@ -90,6 +98,8 @@ def main():
     dg, why = (None, "--no-deepgemm") if args.no_deepgemm else _deepgemm()
     env = environment()
     env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
+    # the clusters that fit at once (the grid when no cap is given), at the shortest and longest K
+    env["clusters_fit"] = {k: _ext.fp8_gemm_sm90_clusters(k) for k in (512, 16384)}
     print(env)
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s", flush=True)
     rows = []
@@ -100,7 +110,7 @@ def main():
         else:
             sets, oi = operand_sets(lambda s=shape: grouped_inputs(*s)), 5
             flops = 2 * shape[0] * shape[1] * shape[2] * shape[3]
-        r = measure(sets, oi, variants(kind, args.group_m, dg), args.reps)
+        r = measure(sets, oi, variants(kind, args.group_m, dg, args.clusters), args.reps)
         r["tflops"] = {label: flops / (us * 1e-6) / 1e12 for label, us in r["us"].items()}
         rows.append({"kind": kind, "shape": list(shape), "operand_sets": len(sets), **r})
         cells = "  ".join(f"{label} {us:7.1f} us {r['tflops'][label]:5.0f}" for label, us in r["us"].items())

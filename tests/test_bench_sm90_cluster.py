@@ -57,3 +57,13 @@ def test_the_sm90_ws_and_dispatch_variants_turn_the_cluster_kernel_off_and_on(mo
     grouped["sm90_ws"]()
     grouped["dispatch"]()
     assert seen == [False, True, ("grouped", False), ("grouped", True)] and G.USE_CLUSTER is False
+
+
+def test_clusters_caps_make_one_variant_each(monkeypatch):
+    seen = []
+    monkeypatch.setattr(C._ext, "fp8_gemm_sm90", lambda *args: seen.append(args[-2:]))
+    dense = dict(C.variants("dense", [8], None, caps=(0, 66)))
+    assert list(dense) == ["sm90_ws", "dispatch", "cluster g8", "cluster g8 c66"]
+    dense["cluster g8"](0, 1, 2, 3, 4)
+    dense["cluster g8 c66"](0, 1, 2, 3, 4)
+    assert seen == [(8, 0), (8, 66)]
