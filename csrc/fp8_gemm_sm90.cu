@@ -422,7 +422,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // A 2-D tensor map over `ptr`: inner dimension d0 (contiguous), outer d1 with a row pitch of
 // `pitch` bytes, boxes [b1, b0].
-CUtensorMap tensor_map(const void* ptr, CUtensorMapDataType type, int elem, uint64_t d0, uint64_t d1, uint64_t pitch,
+CUtensorMap tensor_map(const void* ptr, CUtensorMapDataType type, uint64_t d0, uint64_t d1, uint64_t pitch,
                        uint32_t b0, uint32_t b1, CUtensorMapSwizzle swizzle, const char* what) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {d0, d1};
@@ -434,7 +434,6 @@ CUtensorMap tensor_map(const void* ptr, CUtensorMapDataType type, int elem, uint
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "fp8_gemm_sm90: cuTensorMapEncodeTiled failed for ", what, " (CUresult ", int(r),
               ")");
-  (void)elem;
   return map;
 }
 
@@ -535,13 +534,13 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
   TORCH_CHECK(major == 9 && minor == 0, "fp8_gemm_sm90: needs an SM90 GPU, this is sm_", major, minor);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(-2), kb = (k + kBK - 1) / kBK;
   const int64_t b_rows = kGrouped ? b.size(0) * n : n;
-  const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, k, m, a.stride(0), kBK, kBM,
+  const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, m, a.stride(0), kBK, kBM,
                                        CU_TENSOR_MAP_SWIZZLE_128B, "a");
-  const CUtensorMap map_b = tensor_map(b.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, k, b_rows, b.stride(-2), kBK,
+  const CUtensorMap map_b = tensor_map(b.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, b_rows, b.stride(-2), kBK,
                                        kHalfN, CU_TENSOR_MAP_SWIZZLE_128B, "b");
-  const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, m, kb, sa.stride(1) * 4,
+  const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, m, kb, sa.stride(1) * 4,
                                         kBM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
-  const CUtensorMap map_d = tensor_map(out.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, n, m, out.stride(0) * 2,
+  const CUtensorMap map_d = tensor_map(out.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, n, m, out.stride(0) * 2,
                                        64, 64, CU_TENSOR_MAP_SWIZZLE_128B, "out");
   Params p;
   p.sb = sb.data_ptr<float>();
