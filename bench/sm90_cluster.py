@@ -67,7 +67,8 @@ def variants(kind, group_ms, dg, caps=(0,)):
 
 def measure(sets, oi, todo, reps):
     """{label: median us}, each rep's times, and how each output (ops[oi]) compares with the Triton
-    kernel's, unsplit (the dispatch splits K in the last columns of a column split)."""
+    kernel's, unsplit (the dispatch splits K in the last columns of a column split): todo's second
+    variant, the dispatch, with block_scaled's flags set to take it."""
     with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=1):
         ref = output_of(todo[1][1], sets[0], sets[0][oi])
     same = {}

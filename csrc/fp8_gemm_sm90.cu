@@ -35,8 +35,10 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace rtp_fp8 {
 namespace gemm90 {
@@ -457,16 +459,18 @@ cudaLaunchConfig_t launch_config(int clusters, int smem, cudaLaunchAttribute* at
 }
 
 // Clusters of 2 that fit at once: a persistent grid larger than that would run its last
-// clusters after the others finished. Also sets the kernel's shared memory limit, once per size
-// and device (not inside a CUDA graph capture after the first call).
+// clusters after the others finished. Asked once per device and shared memory size (a model's
+// layers alternate K, and so the size), which also sets the kernel's shared memory limit there
+// (so not inside a CUDA graph capture after a size's first call).
 template <bool kGrouped>
 int max_clusters(int smem) {
-  static int cached_smem = -1, cached = 0, cached_device = -1;
+  static std::map<std::pair<int, int>, int> cache;  // (device, smem) -> clusters
   static std::mutex mu;
   int device;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
-  if (smem == cached_smem && device == cached_device) return cached;
+  const auto hit = cache.find({device, smem});
+  if (hit != cache.end()) return hit->second;
   C10_CUDA_CHECK(
       cudaFuncSetAttribute(fp8_gemm_sm90_kernel<kGrouped>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
   cudaLaunchAttribute attr[1];
@@ -474,13 +478,13 @@ int max_clusters(int smem) {
   int n = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fp8_gemm_sm90_kernel<kGrouped>, &cfg));
   TORCH_CHECK(n > 0, "fp8_gemm_sm90: no 2-CTA cluster of ", smem, " bytes of shared memory fits this GPU");
-  cached_smem = smem, cached = n, cached_device = device;
+  cache[{device, smem}] = n;
   return n;
 }
 
 // Checks shared by both ops; b is [N, K] (dense) or [E, N, K] (grouped), sb likewise.
 void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
-                  const at::Tensor& out, int64_t group_m, int bdim) {
+                  const at::Tensor& out, int64_t group_m, int64_t clusters, int bdim) {
   TORCH_CHECK(a.is_cuda() && sa.is_cuda() && b.is_cuda() && sb.is_cuda() && out.is_cuda(),
               "fp8_gemm_sm90: a, sa, b, sb and out must be CUDA tensors");
   TORCH_CHECK(a.device() == b.device() && a.device() == sa.device() && a.device() == sb.device() &&
@@ -514,6 +518,7 @@ void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b
   TORCH_CHECK(sa.stride(0) == 1 && sa.stride(1) % 4 == 0 && sa.stride(1) >= m,
               "fp8_gemm_sm90: sa must be column-major with a column stride that is a multiple of 4 (col_tma)");
   TORCH_CHECK(group_m >= 1, "fp8_gemm_sm90: group_m must be positive, got ", group_m);
+  TORCH_CHECK(clusters >= 0, "fp8_gemm_sm90: clusters must be >= 0 (0: as many as fit), got ", clusters);
   check_aligned(a, "a");
   check_aligned(b, "b");
   check_aligned(sa, "sa");
@@ -571,23 +576,23 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
 
 void fp8_gemm_sm90(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                    at::Tensor& out, int64_t group_m, int64_t clusters) {
-  check_common(a, sa, b, sb, out, group_m, 2);
-  TORCH_CHECK(clusters >= 0, "fp8_gemm_sm90: clusters must be >= 0 (0: as many as fit), got ", clusters);
+  check_common(a, sa, b, sb, out, group_m, clusters, 2);
   launch<false>(a, sa, b, sb, out, group_m, clusters, nullptr, nullptr);
 }
 
 // How many 2-CTA clusters of the dense kernel fit on the current GPU at once for this K.
 int64_t fp8_gemm_sm90_clusters(int64_t k) {
-  TORCH_CHECK(k > 0 && smem_bytes(static_cast<int>((k + kBK - 1) / kBK)) <= kSmemMax,
-              "fp8_gemm_sm90_clusters: K = ", k, " does not fit");
-  return max_clusters<false>(smem_bytes(static_cast<int>((k + kBK - 1) / kBK)));
+  TORCH_CHECK(k > 0 && k < (1LL << 31), "fp8_gemm_sm90_clusters: K must be positive and fit int32, got ", k);
+  const int smem = smem_bytes(static_cast<int>((k + kBK - 1) / kBK));
+  TORCH_CHECK(smem <= kSmemMax, "fp8_gemm_sm90_clusters: K = ", k, " needs ", smem, " bytes of shared memory, over ",
+              kSmemMax);
+  return max_clusters<false>(smem);
 }
 
 void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                               const at::Tensor& ids, at::Tensor& out, at::Tensor& counters, int64_t group_m,
                               int64_t clusters) {
-  check_common(a, sa, b, sb, out, group_m, 3);
-  TORCH_CHECK(clusters >= 0, "fp8_gemm_sm90: clusters must be >= 0 (0: as many as fit), got ", clusters);
+  check_common(a, sa, b, sb, out, group_m, clusters, 3);
   TORCH_CHECK(ids.is_cuda() && counters.is_cuda() && ids.device() == a.device() && counters.device() == a.device(),
               "fp8_gemm_sm90: ids and counters must be CUDA tensors on a's device");
   TORCH_CHECK(ids.scalar_type() == at::kInt && ids.dim() == 1 && ids.size(0) == a.size(0) && ids.is_contiguous(),
