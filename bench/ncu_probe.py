@@ -12,6 +12,8 @@ caches flushed. Outputs are checked bit for bit against each other after the ran
 
 --ws-stages: sm90_ws at the dispatch's tile with those ring depths too (one more entry each), for
 why rings deeper than 6 slots ran slower over rotated operands (docs/perf.md, 2026-12-04k).
+--cluster: the CUDA cluster kernel (csrc/fp8_gemm_sm90.cu) too, as called by default, with multicast off
+and with its consumers not taking turns (three more entries), for where it loses time to sm90_ws.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import torch
 
 from bench.gemm import _deepgemm, dense_inputs
+from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -38,10 +41,12 @@ def _shape(text):
     return m, n, k
 
 
-def _variants(a, sa, b, sb, out, stages, dg):
+def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
     """[(label, call, its output)]: the shipped dispatch ("ours"), sm90_ws at the dispatch's tile with
     each ring depth in `stages` ("ours sN", the depth patched as bench/decode_sweep.py's ring sweep
-    patches it, inside the call so that the profiled launch reads it), DeepGEMM when it imports."""
+    patches it, inside the call so that the profiled launch reads it), with `cluster` the CUDA cluster
+    kernel as called by default, with multicast off and with its consumers not taking turns
+    ("cluster", "cluster nomc", "cluster unord"), DeepGEMM when it imports."""
     from bench.decode_sweep import _ws_ring
 
     def ours(o, depth=None):
@@ -59,6 +64,11 @@ def _variants(a, sa, b, sb, out, stages, dg):
     for depth in stages:
         o = torch.full_like(out, float("nan"))
         calls.append((f"ours s{depth}", ours(o, depth), o))
+    knobs = (("cluster", True, True), ("cluster nomc", False, True), ("cluster unord", True, False))
+    for label, mc, ordered in knobs if cluster else ():
+        o = torch.full_like(out, float("nan"))
+        calls.append((label, lambda o=o, mc=mc, ordered=ordered: _ext.fp8_gemm_sm90(a, sa, b, sb, o, 8, 0, mc, ordered),
+                      o))
     if dg is not None:
         o = torch.full_like(out, float("nan"))
         calls.append(("deep_gemm", lambda: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg), o))
@@ -70,13 +80,17 @@ def main(argv=None):
     p.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, help="M,N,K (default: %(default)s)")
     p.add_argument("--ws-stages", nargs="+", type=int, default=[], metavar="N",
                    help="also sm90_ws at the dispatch's tile with an N-slot ring (shapes it takes)")
+    p.add_argument("--cluster", action="store_true",
+                   help="also the CUDA cluster kernel, multicasting B and not (needs the extension built)")
     args = p.parse_args(argv)
+    if args.cluster and not _ext.available():
+        raise SystemExit(f"ncu_probe: --cluster needs the extension ({_ext.unavailable_reason()})")
     dg, why = _deepgemm()
     print(f"deep_gemm: {dg.version if dg is not None else 'absent: ' + why}")
     calls = []
     for m, n, k in args.shapes:
         torch.manual_seed(m + n + k)
-        variants = _variants(*dense_inputs(m, n, k), args.ws_stages, dg)
+        variants = _variants(*dense_inputs(m, n, k), args.ws_stages, dg, args.cluster)
         for _ in range(3):
             for _, call, _ in variants:
                 call()

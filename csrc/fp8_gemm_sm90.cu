@@ -1,6 +1,6 @@
 // Block-scaled FP8 GEMM for SM90 (H100/H200) with TMA multicast across a 2-CTA cluster.
 //
-// torch.ops.rtp_fp8_C.fp8_gemm_sm90(a, sa, b, sb, out, group_m) computes, in place,
+// torch.ops.rtp_fp8_C.fp8_gemm_sm90(a, sa, b, sb, out, group_m, clusters, multicast) computes, in place,
 //   out[M, N] (bf16) = sum over K blocks kb of (a[:, kb] @ b[:, kb]^T) * sa[:, kb] * sb[n / 128, kb]
 // with a [M, K] and b [N, K] float8_e4m3fn (K-major), sa [M, ceil(K/128)] float32 column-major with
 // a 16-byte aligned column stride ("col_tma"), sb [ceil(N/128), ceil(K/128)] float32 (any strides).
@@ -22,8 +22,10 @@
 // the same offset, signalling both CTAs' `full` barrier. A slot is free again when both CTAs'
 // consumers released it (`empty` counts 16 arrivals: 8 consumer warps x 2 CTAs), since the peer's
 // producer writes into it too. Clusters walk pair tiles cid, cid + nclusters, ... in grouped order
-// (group_m pairs of row tiles per group). The epilogue goes through shared memory (128-byte
-// swizzled boxes of 64x64) and TMA stores, overlapping the producer's loads for the next tile.
+// (group_m pairs of row tiles per group). multicast=false (for measurement) has each CTA load its
+// whole B tile and its ring released by its own consumers alone (the same bits). The epilogue goes
+// through shared memory (128-byte swizzled boxes of 64x64) and TMA stores, overlapping the
+// producer's loads for the next tile.
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -85,14 +87,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// Wait for the phase with this parity to complete. Cluster scope: the arrivals on `empty` come from
-// the peer CTA's consumers too, and the producer then writes into the peer's shared memory.
+// Wait for the phase with this parity to complete (CTA scope, as CUTLASS's cluster pipelines wait:
+// the TMA's complete_tx makes its bytes visible, and a slot's reuse is ordered by the peer's arrival).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
     asm volatile(
         "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
@@ -100,12 +102,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
 // Arrive on the barrier at the same shared offset in cluster CTA `cta`.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
@@ -140,12 +146,24 @@ __device__ __forceinline__ void named_sync(uint32_t id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
+// The two consumers' named barriers for taking turns (ids 3 and 4, 256 threads: both warpgroups).
+__device__ __forceinline__ void turn_wait(uint32_t id) { asm volatile("bar.sync %0, 256;" ::"r"(id)); }
+__device__ __forceinline__ void turn_pass(uint32_t id) { asm volatile("bar.arrive %0, 256;" ::"r"(id)); }
+
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // A K-major operand tile of 128-byte rows, 128-byte swizzled by TMA: 8-row core groups 1024 bytes
-// apart. Advancing the start address by 32 bytes selects the next k32 slice.
+// apart. Advancing the start address by 32 bytes selects the next k32 slice. The address field holds
+// addr / 16 (shared addresses stay below 2^18), so a descriptor plus bytes / 16 is the descriptor of
+// addr + bytes.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
          (1ull << 62);
@@ -153,7 +171,7 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
 
 __device__ __forceinline__ void fence_regs(float (&d)[64]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]));
 }
 
 #define RTP_F8(i)                                                                                          \
@@ -175,15 +193,18 @@ __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, ui
 }
 #undef RTP_F8
 
-// One 128-column half of a K block: the fresh m64n128 product of the consumer's 64 A rows with
-// the half's 128 B rows over the block's 128 K, waited for.
-__device__ __forceinline__ void mma_half(float (&part)[64], uint32_t a_addr, uint32_t b_addr) {
+// One 128-column half of a K block: the fresh m64n128 product of the consumer's 64 A rows (descriptor
+// da) with the half's 128 B rows (db) over the block's 128 K, issued (mma_wait waits for it).
+__device__ __forceinline__ void mma_issue(float (&part)[64], uint64_t da, uint64_t db) {
   __syncwarp();
   fence_regs(part);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int k = 0; k < kBK / 32; ++k) wgmma_m64n128k32(part, smem_desc(a_addr + 32 * k), smem_desc(b_addr + 32 * k), k);
+  for (int k = 0; k < kBK / 32; ++k) wgmma_m64n128k32(part, da + 2 * k, db + 2 * k, k);
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void mma_wait(float (&part)[64]) {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_regs(part);
 }
@@ -217,6 +238,8 @@ struct Params {
   const int* ids;  // grouped: the row ids (-1 padding), experts of them valid
   int* counters;   // grouped: [-1 rows, rows of another or an invalid id], added to
   int experts;
+  int multicast;  // 0: each CTA loads its whole B tile and its ring is its own (for measurement)
+  int ordered;    // 0: the consumers issue their wgmma chains without taking turns (for measurement)
 };
 
 #ifdef RTP_SM90A
@@ -258,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 16);
+      mbar_init(empty0 + 8 * s, p.multicast ? 16 : 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -278,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
         const int row0 = (2 * pm + rank) * kBM, col0 = tn * kBN;
         const int e0 = max(tile_expert<kGrouped>(p, 2 * pm), 0), e1 = max(tile_expert<kGrouped>(p, 2 * pm + 1), 0);
-        const bool multicast = e0 == e1;
+        const bool multicast = p.multicast && e0 == e1;
         const int brow = (rank ? e1 : e0) * p.n + col0;  // B's first row in [E * N, K]
         for (int kb = 0; kb < p.kb; ++kb) {
           const uint32_t full = full0 + 8 * s;
@@ -308,7 +331,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = warp * 16 + lane / 4;
     float* sbw = reinterpret_cast<float*>(smem + kOffSB) + wg * 2 * p.kb;  // [2 halves][kb]
+    const uint32_t sbw_u32 = base + kOffSB + wg * 2 * p.kb * 4;
     const uint32_t dw = base + kOffD + wg * kDWgBytes;
+    const uint64_t desc_a = smem_desc(base + kOffA + wg * 64 * kBK), desc_b = smem_desc(base + kOffB);
+    // Turns (p.ordered): the consumers issue their wgmma chains alternately, consumer 0 first, so that
+    // the tensor cores run one chain after the other instead of both interleaved to the end, and one
+    // consumer's promotion overlaps the other's chain. Consumer 0 waits for barrier 4 (consumer 1
+    // issued its previous chain) and passes barrier 3; consumer 1 the other way round.
+    bool first = true;
+    auto take_turn = [&] {
+      if (!p.ordered) return;
+      if (wg == 1) {
+        turn_wait(3);
+      } else if (!first) {
+        turn_wait(4);
+      }
+      first = false;
+    };
+    auto pass_turn = [&] {
+      if (p.ordered) turn_pass(wg == 0 ? 3 : 4);
+    };
     float acc[128];
     float part[64];
     int s = 0;
@@ -330,17 +372,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       for (int kb = 0; kb < p.kb; ++kb) {
+        const float sb0 = lds_f32(sbw_u32 + 4 * kb), sb1 = lds_f32(sbw_u32 + 4 * (p.kb + kb));
         mbar_wait(full0 + 8 * s, phase);
-        const float* sa = reinterpret_cast<const float*>(smem + kOffSA + s * kSABytes) + wg * 64;
-        const float sa0 = sa[r0], sa1 = sa[r0 + 8];
-        const float sb0 = sbw[kb], sb1 = sbw[p.kb + kb];
-        const uint32_t a_addr = base + kOffA + s * kABytes + wg * 64 * kBK;
-        const uint32_t b_addr = base + kOffB + s * kBBytes;
-        mma_half(part, a_addr, b_addr);
-        promote(acc, part, sa0 * sb0, sa1 * sb0);
-        mma_half(part, a_addr, b_addr + kBHalfBytes);
-        if (lane < 2) mbar_arrive_cluster(empty0 + 8 * s, lane);
-        promote(acc + 64, part, sa0 * sb1, sa1 * sb1);
+        const uint64_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
+        take_turn();
+        mma_issue(part, da, db);
+        pass_turn();
+        const uint32_t sa = base + kOffSA + s * kSABytes + wg * 256 + 4 * r0;
+        const float sa0 = lds_f32(sa), sa1 = lds_f32(sa + 32);
+        const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
+        mma_wait(part);
+        promote(acc, part, s00, s10);
+        take_turn();
+        mma_issue(part, da, db + (kBHalfBytes >> 4));
+        pass_turn();
+        mma_wait(part);
+        if (!p.multicast) {
+          if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        } else if (lane < 2) {
+          mbar_arrive_cluster(empty0 + 8 * s, lane);
+        }
+        promote(acc + 64, part, s01, s11);
         if (++s == kStages) s = 0, phase ^= 1;
       }
       if (tm >= p.tiles_m) continue;  // the peer's row tile past M: nothing to store
@@ -402,6 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    if (wg == 0 && !first && p.ordered) turn_wait(4);  // consumer 1's pass after its last chain
   }
   cluster_sync();
 #endif  // RTP_SM90A
@@ -531,7 +584,8 @@ void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b
 
 template <bool kGrouped>
 void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb, at::Tensor& out,
-            int64_t group_m, int64_t clusters_cap, const int* ids, int* counters) {
+            int64_t group_m, int64_t clusters_cap, bool multicast, bool ordered, const int* ids,
+            int* counters) {
   const c10::cuda::CUDAGuard guard(a.device());
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device()));
@@ -563,6 +617,8 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
   p.ids = ids;
   p.counters = counters;
   p.experts = kGrouped ? static_cast<int>(b.size(0)) : 1;
+  p.multicast = multicast ? 1 : 0;
+  p.ordered = ordered ? 1 : 0;
 
   const int smem = smem_bytes(p.kb);
   const int64_t pairs = static_cast<int64_t>(p.pairs_m) * p.tiles_n;
@@ -575,9 +631,9 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
 }
 
 void fp8_gemm_sm90(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
-                   at::Tensor& out, int64_t group_m, int64_t clusters) {
+                   at::Tensor& out, int64_t group_m, int64_t clusters, bool multicast, bool ordered) {
   check_common(a, sa, b, sb, out, group_m, clusters, 2);
-  launch<false>(a, sa, b, sb, out, group_m, clusters, nullptr, nullptr);
+  launch<false>(a, sa, b, sb, out, group_m, clusters, multicast, ordered, nullptr, nullptr);
 }
 
 // How many 2-CTA clusters of the dense kernel fit on the current GPU at once for this K.
@@ -591,7 +647,7 @@ int64_t fp8_gemm_sm90_clusters(int64_t k) {
 
 void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                               const at::Tensor& ids, at::Tensor& out, at::Tensor& counters, int64_t group_m,
-                              int64_t clusters) {
+                              int64_t clusters, bool multicast, bool ordered) {
   check_common(a, sa, b, sb, out, group_m, clusters, 3);
   TORCH_CHECK(ids.is_cuda() && counters.is_cuda() && ids.device() == a.device() && counters.device() == a.device(),
               "fp8_gemm_sm90: ids and counters must be CUDA tensors on a's device");
@@ -599,17 +655,18 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
               "fp8_gemm_sm90: ids must be contiguous int32 [M] = [", a.size(0), "]");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() == 2 && counters.is_contiguous(),
               "fp8_gemm_sm90: counters must be contiguous int32 [2]");
-  launch<true>(a, sa, b, sb, out, group_m, clusters, ids.data_ptr<int>(), counters.data_ptr<int>());
+  launch<true>(a, sa, b, sb, out, group_m, clusters, multicast, ordered, ids.data_ptr<int>(),
+               counters.data_ptr<int>());
 }
 
 }  // namespace gemm90
 }  // namespace rtp_fp8
 
 TORCH_LIBRARY_FRAGMENT(rtp_fp8_C, m) {
-  m.def("fp8_gemm_sm90(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int group_m, int clusters) -> ()");
+  m.def("fp8_gemm_sm90(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int group_m, int clusters, bool multicast, bool ordered) -> ()");
   m.def(
       "fp8_gemm_sm90_contiguous(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor ids, Tensor(a!) out, "
-      "Tensor(b!) counters, int group_m, int clusters) -> ()");
+      "Tensor(b!) counters, int group_m, int clusters, bool multicast, bool ordered) -> ()");
   m.def("fp8_gemm_sm90_clusters(int k) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_clusters);
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) {

@@ -31,3 +31,21 @@ def test_ring_depth_variants_patch_the_depth_inside_their_call(monkeypatch):
         call()
     assert seen == [shipped, 10, 12] and W.STAGES_HALF[64] == shipped
     assert all(bool((o == 1).all()) for *_, o in variants)
+
+
+def test_cluster_variants_call_the_cuda_kernel_by_default_without_multicast_and_unordered(monkeypatch):
+    seen = []
+
+    def kernel(a, sa, b, sb, out, group_m, clusters, multicast, ordered):
+        seen.append((group_m, clusters, multicast, ordered))
+        out.fill_(2.0)
+
+    monkeypatch.setattr(P._ext, "fp8_gemm_sm90", kernel)
+    a, b, out = torch.empty(256, 128), torch.empty(512, 128), torch.empty(256, 512)
+    variants = P._variants(a, None, b, None, out, [], None, cluster=True)
+    assert [label for label, *_ in variants] == ["ours", "cluster", "cluster nomc", "cluster unord"]
+    assert all(torch.isnan(o).all() for *_, o in variants)
+    for _, call, _ in variants[1:]:
+        call()
+    assert seen == [(8, 0, True, True), (8, 0, False, True), (8, 0, True, False)]
+    assert bool(torch.isnan(out).all()) and all(bool((o == 2).all()) for *_, o in variants[1:])
