@@ -12,8 +12,8 @@ caches flushed. Outputs are checked bit for bit against each other after the ran
 
 --ws-stages: sm90_ws at the dispatch's tile with those ring depths too (one more entry each), for
 why rings deeper than 6 slots ran slower over rotated operands (docs/perf.md, 2026-12-04k).
---cluster: the CUDA cluster kernel (csrc/fp8_gemm_sm90.cu) too, as called by default, with multicast off
-and with its consumers not taking turns (three more entries), for where it loses time to sm90_ws.
+--cluster: the CUDA cluster kernel (csrc/fp8_gemm_sm90.cu) too, multicasting B and with multicast off
+(two more entries), for where it loses time to sm90_ws and DeepGEMM (docs/perf.md, sixteenth session).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
     """[(label, call, its output)]: the shipped dispatch ("ours"), sm90_ws at the dispatch's tile with
     each ring depth in `stages` ("ours sN", the depth patched as bench/decode_sweep.py's ring sweep
     patches it, inside the call so that the profiled launch reads it), with `cluster` the CUDA cluster
-    kernel as called by default, with multicast off and with its consumers not taking turns
-    ("cluster", "cluster nomc", "cluster unord"), DeepGEMM when it imports."""
+    kernel multicasting B and not ("cluster", "cluster nomc"), DeepGEMM when it imports."""
     from bench.decode_sweep import _ws_ring
 
     def ours(o, depth=None):
@@ -64,11 +63,9 @@ def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
     for depth in stages:
         o = torch.full_like(out, float("nan"))
         calls.append((f"ours s{depth}", ours(o, depth), o))
-    knobs = (("cluster", True, True), ("cluster nomc", False, True), ("cluster unord", True, False))
-    for label, mc, ordered in knobs if cluster else ():
+    for label, mc in (("cluster", True), ("cluster nomc", False)) if cluster else ():
         o = torch.full_like(out, float("nan"))
-        calls.append((label, lambda o=o, mc=mc, ordered=ordered: _ext.fp8_gemm_sm90(a, sa, b, sb, o, 8, 0, mc, ordered),
-                      o))
+        calls.append((label, lambda o=o, mc=mc: _ext.fp8_gemm_sm90(a, sa, b, sb, o, 8, 0, mc), o))
     if dg is not None:
         o = torch.full_like(out, float("nan"))
         calls.append(("deep_gemm", lambda: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg), o))

@@ -3,7 +3,7 @@ without it (block_scaled.USE_CLUSTER off, as shipped: sm90_ws's Gluon 128x256 ti
 dispatch with it and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
 
     PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--clusters 0 66]
-        [--no-multicast] [--unordered] [--reps 2]
+        [--no-multicast] [--reps 2]
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
 (bench.common.operand_sets). Each rep times the dispatch without the cluster kernel and with it, the
@@ -30,20 +30,19 @@ from rtp_fp8.gemm import deepgemm as D
 SHAPES = [("dense", s) for s in DENSE if s[0] == 4096] + [("contiguous", s) for s in GROUPED]
 
 
-def _label(g, c, mc=True, ordered=True):
-    return f"cluster g{g}" + (f" c{c}" if c else "") + ("" if mc else " nomc") + ("" if ordered else " unord")
+def _label(g, c, mc=True):
+    return f"cluster g{g}" + (f" c{c}" if c else "") + ("" if mc else " nomc")
 
 
-def _knobs(group_ms, caps, multicast, ordered):
-    return [(g, c, mc, o) for g in group_ms for c in caps for mc in multicast for o in ordered]
+def _knobs(group_ms, caps, multicast):
+    return [(g, c, mc) for g in group_ms for c in caps for mc in multicast]
 
 
-def variants(kind, group_ms, dg, caps=(0,), multicast=(True,), ordered=(True,)):
+def variants(kind, group_ms, dg, caps=(0,), multicast=(True,)):
     """[(label, call(*ops))] for a dense_inputs / grouped_inputs tuple: the dispatch without the cluster
     kernel (sm90_ws, as shipped), the dispatch with it (block_scaled.USE_CLUSTER on), the cluster kernel
     called directly per group_m, clusters cap (0: as many as fit; a dense call's tail columns in it
-    too, no column split), multicast setting (False: "nomc", each CTA loads its own B) and turn
-    setting (False: "unord", the consumers' wgmma chains issued without taking turns), DeepGEMM."""
+    too, no column split) and multicast setting (False: "nomc", each CTA loads its own B), DeepGEMM."""
     shipped = dense_call if kind == "dense" else grouped_call
 
     def sm90_ws(*ops):
@@ -57,12 +56,12 @@ def variants(kind, group_ms, dg, caps=(0,), multicast=(True,), ordered=(True,)):
     out = [("sm90_ws", sm90_ws), ("dispatch", dispatch)]
     if kind == "dense":
         out += [(_label(*k), lambda a, sa, b, sb, o, k=k: _ext.fp8_gemm_sm90(a, sa, b, sb, o, *k))
-                for k in _knobs(group_ms, caps, multicast, ordered)]
+                for k in _knobs(group_ms, caps, multicast)]
         if dg is not None:
             out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
     else:
         out += [(_label(*k), lambda a, sa, b, sb, ids, o, cnt, k=k: _ext.fp8_gemm_sm90_contiguous(
-            a, sa, b, sb, ids, o, cnt, *k)) for k in _knobs(group_ms, caps, multicast, ordered)]
+            a, sa, b, sb, ids, o, cnt, *k)) for k in _knobs(group_ms, caps, multicast)]
         if dg is not None:
             def deepgemm(a, sa, b, sb, ids, o, cnt):
                 with D.mk_alignment(128, dg):
@@ -98,8 +97,6 @@ def main():
                     help="caps on the 2-CTA clusters launched (0: as many as fit, fp8_gemm_sm90_clusters)")
     ap.add_argument("--no-multicast", action="store_true",
                     help="also each cluster variant with multicast off (each CTA loads its own B)")
-    ap.add_argument("--unordered", action="store_true",
-                    help="also each cluster variant with the consumers not taking turns")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
     args = ap.parse_args()
@@ -122,8 +119,7 @@ def main():
             sets, oi = operand_sets(lambda s=shape: grouped_inputs(*s)), 5
             flops = 2 * shape[0] * shape[1] * shape[2] * shape[3]
         r = measure(sets, oi, variants(kind, args.group_m, dg, args.clusters,
-                                            (True, False) if args.no_multicast else (True,),
-                                            (True, False) if args.unordered else (True,)), args.reps)
+                                            (True, False) if args.no_multicast else (True,)), args.reps)
         r["tflops"] = {label: flops / (us * 1e-6) / 1e12 for label, us in r["us"].items()}
         rows.append({"kind": kind, "shape": list(shape), "operand_sets": len(sets), **r})
         cells = "  ".join(f"{label} {us:7.1f} us {r['tflops'][label]:5.0f}" for label, us in r["us"].items())

@@ -146,10 +146,6 @@ __device__ __forceinline__ void named_sync(uint32_t id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
-// The two consumers' named barriers for taking turns (ids 3 and 4, 256 threads: both warpgroups).
-__device__ __forceinline__ void turn_wait(uint32_t id) { asm volatile("bar.sync %0, 256;" ::"r"(id)); }
-__device__ __forceinline__ void turn_pass(uint32_t id) { asm volatile("bar.arrive %0, 256;" ::"r"(id)); }
-
 __device__ __forceinline__ float lds_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
@@ -239,7 +235,6 @@ struct Params {
   int* counters;   // grouped: [-1 rows, rows of another or an invalid id], added to
   int experts;
   int multicast;  // 0: each CTA loads its whole B tile and its ring is its own (for measurement)
-  int ordered;    // 0: the consumers issue their wgmma chains without taking turns (for measurement)
 };
 
 #ifdef RTP_SM90A
@@ -334,23 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t sbw_u32 = base + kOffSB + wg * 2 * p.kb * 4;
     const uint32_t dw = base + kOffD + wg * kDWgBytes;
     const uint64_t desc_a = smem_desc(base + kOffA + wg * 64 * kBK), desc_b = smem_desc(base + kOffB);
-    // Turns (p.ordered): the consumers issue their wgmma chains alternately, consumer 0 first, so that
-    // the tensor cores run one chain after the other instead of both interleaved to the end, and one
-    // consumer's promotion overlaps the other's chain. Consumer 0 waits for barrier 4 (consumer 1
-    // issued its previous chain) and passes barrier 3; consumer 1 the other way round.
-    bool first = true;
-    auto take_turn = [&] {
-      if (!p.ordered) return;
-      if (wg == 1) {
-        turn_wait(3);
-      } else if (!first) {
-        turn_wait(4);
-      }
-      first = false;
-    };
-    auto pass_turn = [&] {
-      if (p.ordered) turn_pass(wg == 0 ? 3 : 4);
-    };
+
     float acc[128];
     float part[64];
     int s = 0;
@@ -375,17 +354,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float sb0 = lds_f32(sbw_u32 + 4 * kb), sb1 = lds_f32(sbw_u32 + 4 * (p.kb + kb));
         mbar_wait(full0 + 8 * s, phase);
         const uint64_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
-        take_turn();
         mma_issue(part, da, db);
-        pass_turn();
         const uint32_t sa = base + kOffSA + s * kSABytes + wg * 256 + 4 * r0;
         const float sa0 = lds_f32(sa), sa1 = lds_f32(sa + 32);
         const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
         mma_wait(part);
         promote(acc, part, s00, s10);
-        take_turn();
         mma_issue(part, da, db + (kBHalfBytes >> 4));
-        pass_turn();
         mma_wait(part);
         if (!p.multicast) {
           if (lane == 0) mbar_arrive(empty0 + 8 * s);
@@ -454,7 +429,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    if (wg == 0 && !first && p.ordered) turn_wait(4);  // consumer 1's pass after its last chain
   }
   cluster_sync();
 #endif  // RTP_SM90A
@@ -584,8 +558,7 @@ void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b
 
 template <bool kGrouped>
 void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb, at::Tensor& out,
-            int64_t group_m, int64_t clusters_cap, bool multicast, bool ordered, const int* ids,
-            int* counters) {
+            int64_t group_m, int64_t clusters_cap, bool multicast, const int* ids, int* counters) {
   const c10::cuda::CUDAGuard guard(a.device());
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device()));
@@ -618,7 +591,6 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
   p.counters = counters;
   p.experts = kGrouped ? static_cast<int>(b.size(0)) : 1;
   p.multicast = multicast ? 1 : 0;
-  p.ordered = ordered ? 1 : 0;
 
   const int smem = smem_bytes(p.kb);
   const int64_t pairs = static_cast<int64_t>(p.pairs_m) * p.tiles_n;
@@ -631,9 +603,9 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
 }
 
 void fp8_gemm_sm90(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
-                   at::Tensor& out, int64_t group_m, int64_t clusters, bool multicast, bool ordered) {
+                   at::Tensor& out, int64_t group_m, int64_t clusters, bool multicast) {
   check_common(a, sa, b, sb, out, group_m, clusters, 2);
-  launch<false>(a, sa, b, sb, out, group_m, clusters, multicast, ordered, nullptr, nullptr);
+  launch<false>(a, sa, b, sb, out, group_m, clusters, multicast, nullptr, nullptr);
 }
 
 // How many 2-CTA clusters of the dense kernel fit on the current GPU at once for this K.
@@ -647,7 +619,7 @@ int64_t fp8_gemm_sm90_clusters(int64_t k) {
 
 void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                               const at::Tensor& ids, at::Tensor& out, at::Tensor& counters, int64_t group_m,
-                              int64_t clusters, bool multicast, bool ordered) {
+                              int64_t clusters, bool multicast) {
   check_common(a, sa, b, sb, out, group_m, clusters, 3);
   TORCH_CHECK(ids.is_cuda() && counters.is_cuda() && ids.device() == a.device() && counters.device() == a.device(),
               "fp8_gemm_sm90: ids and counters must be CUDA tensors on a's device");
@@ -655,18 +627,17 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
               "fp8_gemm_sm90: ids must be contiguous int32 [M] = [", a.size(0), "]");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() == 2 && counters.is_contiguous(),
               "fp8_gemm_sm90: counters must be contiguous int32 [2]");
-  launch<true>(a, sa, b, sb, out, group_m, clusters, multicast, ordered, ids.data_ptr<int>(),
-               counters.data_ptr<int>());
+  launch<true>(a, sa, b, sb, out, group_m, clusters, multicast, ids.data_ptr<int>(), counters.data_ptr<int>());
 }
 
 }  // namespace gemm90
 }  // namespace rtp_fp8
 
 TORCH_LIBRARY_FRAGMENT(rtp_fp8_C, m) {
-  m.def("fp8_gemm_sm90(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int group_m, int clusters, bool multicast, bool ordered) -> ()");
+  m.def("fp8_gemm_sm90(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int group_m, int clusters, bool multicast) -> ()");
   m.def(
       "fp8_gemm_sm90_contiguous(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor ids, Tensor(a!) out, "
-      "Tensor(b!) counters, int group_m, int clusters, bool multicast, bool ordered) -> ()");
+      "Tensor(b!) counters, int group_m, int clusters, bool multicast) -> ()");
   m.def("fp8_gemm_sm90_clusters(int k) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_clusters);
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) {

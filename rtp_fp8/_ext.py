@@ -49,18 +49,17 @@ def per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps):
     ops.per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps)
 
 
-def fp8_gemm_sm90(a, sa, b, sb, out, group_m=8, clusters=0, multicast=True, ordered=True):
+def fp8_gemm_sm90(a, sa, b, sb, out, group_m=8, clusters=0, multicast=True):
     """out = the block-scaled FP8 GEMM of a [M, K] and b [N, K] (csrc/fp8_gemm_sm90.cu: SM90, 2-CTA
     clusters multicasting B); sa col_tma [M, K/128], sb [N/128, K/128] FP32. Bit-identical to the
     Triton kernel. clusters: at most this many 2-CTA clusters (0: as many as fit at once).
-    multicast=False: each CTA loads its whole B tile and keeps its ring to itself; ordered=False: the
-    two consumer warpgroups issue their wgmma chains without taking turns (the same bits either way;
-    for measuring what each buys). Raises RuntimeError naming the argument on bad input, or when the
-    extension is absent."""
+    multicast=False: each CTA loads its whole B tile and keeps its ring to itself (the same bits; for
+    measuring what the multicast buys). Raises RuntimeError naming the argument on bad input, or when
+    the extension is absent."""
     ops, why = _load()
     if ops is None:
         raise RuntimeError(why)
-    ops.fp8_gemm_sm90(a, sa, b, sb, out, group_m, clusters, bool(multicast), bool(ordered))
+    ops.fp8_gemm_sm90(a, sa, b, sb, out, group_m, clusters, bool(multicast))
 
 
 def fp8_gemm_sm90_clusters(k):
@@ -71,13 +70,11 @@ def fp8_gemm_sm90_clusters(k):
     return ops.fp8_gemm_sm90_clusters(k)
 
 
-def fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m=8, clusters=0, multicast=True,
-                             ordered=True):
+def fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m=8, clusters=0, multicast=True):
     """fp8_gemm_sm90, m-grouped contiguous: b [E, N, K], sb [E, N/128, K/128], ids [M] int32 (-1
     padding), 128-row segments per expert; rows not of their tile's expert are stored as zeros and
     counted into counters [2] (-1 rows, other rows), as the Triton kernels do."""
     ops, why = _load()
     if ops is None:
         raise RuntimeError(why)
-    ops.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m, clusters, bool(multicast),
-                                 bool(ordered))
+    ops.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m, clusters, bool(multicast))

@@ -33,19 +33,19 @@ def test_ring_depth_variants_patch_the_depth_inside_their_call(monkeypatch):
     assert all(bool((o == 1).all()) for *_, o in variants)
 
 
-def test_cluster_variants_call_the_cuda_kernel_by_default_without_multicast_and_unordered(monkeypatch):
+def test_cluster_variants_call_the_cuda_kernel_with_and_without_multicast(monkeypatch):
     seen = []
 
-    def kernel(a, sa, b, sb, out, group_m, clusters, multicast, ordered):
-        seen.append((group_m, clusters, multicast, ordered))
+    def kernel(a, sa, b, sb, out, group_m, clusters, multicast):
+        seen.append((group_m, clusters, multicast))
         out.fill_(2.0)
 
     monkeypatch.setattr(P._ext, "fp8_gemm_sm90", kernel)
     a, b, out = torch.empty(256, 128), torch.empty(512, 128), torch.empty(256, 512)
     variants = P._variants(a, None, b, None, out, [], None, cluster=True)
-    assert [label for label, *_ in variants] == ["ours", "cluster", "cluster nomc", "cluster unord"]
+    assert [label for label, *_ in variants] == ["ours", "cluster", "cluster nomc"]
     assert all(torch.isnan(o).all() for *_, o in variants)
     for _, call, _ in variants[1:]:
         call()
-    assert seen == [(8, 0, True, True), (8, 0, False, True), (8, 0, True, False)]
+    assert seen == [(8, 0, True), (8, 0, False)]
     assert bool(torch.isnan(out).all()) and all(bool((o == 2).all()) for *_, o in variants[1:])

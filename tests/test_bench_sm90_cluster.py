@@ -61,30 +61,20 @@ def test_the_sm90_ws_and_dispatch_variants_turn_the_cluster_kernel_off_and_on(mo
 
 def test_clusters_caps_make_one_variant_each(monkeypatch):
     seen = []
-    monkeypatch.setattr(C._ext, "fp8_gemm_sm90", lambda *args: seen.append(args[-4:]))
+    monkeypatch.setattr(C._ext, "fp8_gemm_sm90", lambda *args: seen.append(args[-3:]))
     dense = dict(C.variants("dense", [8], None, caps=(0, 66)))
     assert list(dense) == ["sm90_ws", "dispatch", "cluster g8", "cluster g8 c66"]
     dense["cluster g8"](0, 1, 2, 3, 4)
     dense["cluster g8 c66"](0, 1, 2, 3, 4)
-    assert seen == [(8, 0, True, True), (8, 66, True, True)]
+    assert seen == [(8, 0, True), (8, 66, True)]
 
 
 def test_multicast_off_makes_a_nomc_variant_each(monkeypatch):
     seen = []
-    monkeypatch.setattr(C._ext, "fp8_gemm_sm90_contiguous", lambda *args: seen.append(args[-4:]))
+    monkeypatch.setattr(C._ext, "fp8_gemm_sm90_contiguous", lambda *args: seen.append(args[-3:]))
     grouped = dict(C.variants("contiguous", [8], None, caps=(0, 60), multicast=(True, False)))
     assert list(grouped) == ["sm90_ws", "dispatch", "cluster g8", "cluster g8 nomc", "cluster g8 c60",
                              "cluster g8 c60 nomc"]
     for label in list(grouped)[2:]:
         grouped[label](*range(7))
-    assert seen == [(8, 0, True, True), (8, 0, False, True), (8, 60, True, True), (8, 60, False, True)]
-
-
-def test_unordered_makes_an_unord_variant_each(monkeypatch):
-    seen = []
-    monkeypatch.setattr(C._ext, "fp8_gemm_sm90", lambda *args: seen.append(args[-4:]))
-    dense = dict(C.variants("dense", [8], None, multicast=(True, False), ordered=(True, False)))
-    assert list(dense)[2:] == ["cluster g8", "cluster g8 unord", "cluster g8 nomc", "cluster g8 nomc unord"]
-    for label in list(dense)[2:]:
-        dense[label](*range(5))
-    assert seen == [(8, 0, True, True), (8, 0, True, False), (8, 0, False, True), (8, 0, False, False)]
+    assert seen == [(8, 0, True), (8, 0, False), (8, 60, True), (8, 60, False)]

@@ -5,8 +5,7 @@ same m64n128 products per 128-column half and K block, the same FP32 promotion) 
 odd number of 128-row tiles (the last cluster's second CTA has no rows), M, N and the last 256-column
 tile partial, K of 1 to 56 blocks; into a padded `out` whose guard rows and columns must stay
 poisoned; within TOL of the float64 oracle; and each bad argument refused with a message naming it.
-With multicast off (each CTA loads its own B, its ring its own) or the consumers not taking turns
-(ordered off) the bits are the same.
+With multicast off (each CTA loads its own B, its ring its own) the bits are the same.
 m-grouped contiguous (fp8_gemm_sm90_contiguous): bit-identical to the Triton kernel, counters too, on
 a layout with padding rows, an out-of-range id, a ragged and an empty expert, and pairs of row tiles
 of one expert (B multicast) and of two (each CTA loads its own). Through the dispatch with
@@ -54,13 +53,12 @@ def _triton(monkeypatch, a, sa, b, sb):
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(4096, 2048, 640), (384, 512, 128), (1100, 2112, 1664), (200, 264, 7168),
                                    (2048, 4096, 256), (128, 7168, 2048)])
-@pytest.mark.parametrize("group_m,multicast,ordered", [(1, True, True), (8, True, True), (8, False, True),
-                                                      (8, True, False)])
-def test_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, group_m, multicast, ordered):
+@pytest.mark.parametrize("group_m,multicast", [(1, True), (8, True), (8, False)])
+def test_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, group_m, multicast):
     a, sa, b, sb = _ops(m, n, k, seed=m + n + k)
     buf = torch.full((m + 3, n + 24), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[1:m + 1, 8:n + 8]  # 16-byte aligned start, row stride n + 24
-    _ext.fp8_gemm_sm90(a, sa, b, sb, out, group_m, 0, multicast, ordered)
+    _ext.fp8_gemm_sm90(a, sa, b, sb, out, group_m, 0, multicast)
     ref = _triton(monkeypatch, a, sa, b, sb)
     assert_bits_equal(out, ref, f"({m}, {n}, {k})")
     assert bool(torch.isnan(buf[0]).all() and torch.isnan(buf[m + 1:]).all())  # guard rows
@@ -170,15 +168,14 @@ def _grouped_case(n, k, seed, reps=1):
 
 @pytest.mark.gpu_sm90
 @needs_ext
-@pytest.mark.parametrize("n,k,reps,multicast,ordered", [(2048, 512, 1, True, True), (2112, 1152, 1, True, True),
-                                                       (512, 7168, 2, True, True), (2112, 1152, 1, False, True),
-                                                       (2112, 1152, 1, True, False)])
-def test_contiguous_bit_identical_to_triton_with_counters(monkeypatch, n, k, reps, multicast, ordered):
+@pytest.mark.parametrize("n,k,reps,multicast", [(2048, 512, 1, True), (2112, 1152, 1, True), (512, 7168, 2, True),
+                                               (2112, 1152, 1, False)])
+def test_contiguous_bit_identical_to_triton_with_counters(monkeypatch, n, k, reps, multicast):
     ids, a, sa, b, sb = _grouped_case(n, k, seed=n + k, reps=reps)
     m = ids.numel()
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
-    _ext.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, cnt, 8, 0, multicast, ordered)
+    _ext.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, cnt, 8, 0, multicast)
     with monkeypatch.context() as mp:
         mp.setattr(G, "USE_WS", False)
         cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")

@@ -493,8 +493,9 @@ def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=1
 
 # Dense and contiguous calls whose sm90_ws tile is 128x256 can run the CUDA kernel with 2-CTA clusters
 # multicasting B (csrc/fp8_gemm_sm90.cu) when the extension is built: the same products and promotion,
-# bit-identical, a third less L2-to-SM traffic per FLOP. Off as shipped: on the H100 its TFLOP/s were
-# 22-33 % below sm90_ws's at every M=4096 shape (bench/sm90_cluster.py, docs/perf.md, thirteenth #28 session).
+# bit-identical, a third less L2-to-SM traffic per FLOP. Off as shipped: on the H100 it runs at 0.90-1.01
+# of sm90_ws's speed at the M=4096 shapes, faster at none beyond the reps' spread (bench/sm90_cluster.py,
+# docs/perf.md, sixteenth #28 session).
 USE_CLUSTER = False
 CLUSTER_GROUP_M = 8  # pairs of 128-row tiles per group of the clusters' tile walk
 CLUSTER_MAX_K = 128 * 1024  # K blocks' B-scale rows share the kernel's shared memory with its ring
