@@ -314,8 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (++s == kStages) s = 0, phase ^= 1;
         }
       }
-      // Every slot released once more by both CTAs: the peer's last arrivals on this CTA's barriers
-      // have landed before it exits.
+      // Every slot released once more (by both CTAs when multicasting): the peer's last arrivals on
+      // this CTA's barriers have landed before it exits.
       for (int i = 0; i < kStages; ++i) {
         mbar_wait(empty0 + 8 * s, phase ^ 1);
         if (++s == kStages) s = 0, phase ^= 1;

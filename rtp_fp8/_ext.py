@@ -42,11 +42,16 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
-def per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps):
+def _ops():
+    """torch.ops.rtp_fp8_C, or RuntimeError saying why the extension is unavailable."""
     ops, why = _load()
     if ops is None:
         raise RuntimeError(why)
-    ops.per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps)
+    return ops
+
+
+def per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps):
+    _ops().per_token_group_quant(x, q, scales, group_size, scale_layout, pow2, eps)
 
 
 def fp8_gemm_sm90(a, sa, b, sb, out, group_m=8, clusters=0, multicast=True):
@@ -56,25 +61,16 @@ def fp8_gemm_sm90(a, sa, b, sb, out, group_m=8, clusters=0, multicast=True):
     multicast=False: each CTA loads its whole B tile and keeps its ring to itself (the same bits; for
     measuring what the multicast buys). Raises RuntimeError naming the argument on bad input, or when
     the extension is absent."""
-    ops, why = _load()
-    if ops is None:
-        raise RuntimeError(why)
-    ops.fp8_gemm_sm90(a, sa, b, sb, out, group_m, clusters, bool(multicast))
+    _ops().fp8_gemm_sm90(a, sa, b, sb, out, group_m, clusters, bool(multicast))
 
 
 def fp8_gemm_sm90_clusters(k):
     """How many of fp8_gemm_sm90's 2-CTA clusters fit on the current GPU at once for this K."""
-    ops, why = _load()
-    if ops is None:
-        raise RuntimeError(why)
-    return ops.fp8_gemm_sm90_clusters(k)
+    return _ops().fp8_gemm_sm90_clusters(k)
 
 
 def fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m=8, clusters=0, multicast=True):
     """fp8_gemm_sm90, m-grouped contiguous: b [E, N, K], sb [E, N/128, K/128], ids [M] int32 (-1
     padding), 128-row segments per expert; rows not of their tile's expert are stored as zeros and
     counted into counters [2] (-1 rows, other rows), as the Triton kernels do."""
-    ops, why = _load()
-    if ops is None:
-        raise RuntimeError(why)
-    ops.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m, clusters, bool(multicast))
+    _ops().fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m, clusters, bool(multicast))

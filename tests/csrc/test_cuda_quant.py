@@ -156,3 +156,12 @@ def test_every_torch_check_names_its_argument():
     for args, msg in cases:
         with pytest.raises(RuntimeError, match=msg):
             op(*args)
+
+
+def test_every_op_wrapper_raises_the_loaders_reason_when_the_extension_is_absent(monkeypatch):
+    monkeypatch.setattr(_ext, "_load", lambda: (None, "_C.so not built (python3 tools/build_ext.py)"))
+    calls = [lambda: _ext.per_token_group_quant(*range(7)), lambda: _ext.fp8_gemm_sm90(*range(5)),
+             lambda: _ext.fp8_gemm_sm90_clusters(128), lambda: _ext.fp8_gemm_sm90_contiguous(*range(7))]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=r"_C\.so not built \(python3 tools/build_ext\.py\)"):
+            call()
