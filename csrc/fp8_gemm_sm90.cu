@@ -15,8 +15,9 @@
 // in FP32, bf16 rounded to nearest even at the end. So the outputs are bit-identical to the Triton
 // and Gluon kernels' (tests/gemm/test_cuda_sm90.py).
 //
-// Work split, per CTA (384 threads): warpgroup 2 is the producer (one thread issues TMA), warpgroups
-// 0 and 1 are consumers, each owning 64 rows of the 128x256 tile. A cluster is two CTAs on row tiles
+// Work split, per CTA (384 threads): warpgroup 2 is the producer (one thread issues TMA; warp 1 loads
+// each tile's B-scale rows into one of two shared buffers, up to two tiles ahead), warpgroups 0 and 1
+// are consumers, each owning 64 rows of the 128x256 tile. A cluster is two CTAs on row tiles
 // 2p and 2p + 1 of the same 256 columns: each CTA loads its own A tile [128, 128] and A-row scales,
 // and one 128-row half of the shared B tile [256, 128], multicast into both CTAs' shared memory at
 // the same offset, signalling both CTAs' `full` barrier. A slot is free again when both CTAs'
@@ -24,8 +25,8 @@
 // producer writes into it too. Clusters walk pair tiles cid, cid + nclusters, ... in grouped order
 // (group_m pairs of row tiles per group). multicast=false (for measurement) has each CTA load its
 // whole B tile and its ring released by its own consumers alone (the same bits). The epilogue goes
-// through shared memory (128-byte swizzled boxes of 64x64) and TMA stores, overlapping the
-// producer's loads for the next tile.
+// through shared memory (128-byte swizzled boxes of 64x64, written by stmatrix) and TMA stores,
+// overlapping the producer's loads for the next tile.
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -61,14 +62,14 @@ constexpr int kOffA = 0;
 constexpr int kOffB = kOffA + kStages * kABytes;
 constexpr int kOffD = kOffB + kStages * kBBytes;
 constexpr int kOffSA = kOffD + kDBytes;
-constexpr int kOffSB = kOffSA + kStages * kSABytes;  // then 2 consumers x 2 halves x kb floats, then barriers
+constexpr int kOffSB = kOffSA + kStages * kSABytes;  // then 2 buffers x 2 halves x kb floats, then barriers
 
 static_assert(2 * kBHalfBytes == kBBytes && 4 * kDBoxBytes == kDWgBytes, "tile split");
 static_assert(kOffB % 1024 == 0 && kOffD % 1024 == 0 && kABytes % 1024 == 0 && kDBoxBytes % 1024 == 0,
               "128-byte swizzled tiles must start 1024-byte aligned");
 
 __host__ __device__ constexpr int sb_bytes(int kb) { return ((2 * 2 * kb * 4) + 15) / 16 * 16; }
-__host__ constexpr int smem_bytes(int kb) { return 1024 + kOffSB + sb_bytes(kb) + 2 * kStages * 8; }
+__host__ constexpr int smem_bytes(int kb) { return 1024 + kOffSB + sb_bytes(kb) + (2 * kStages + 4) * 8; }
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RTP_SM90A 1
@@ -89,15 +90,17 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 
 // Wait for the phase with this parity to complete (CTA scope, as CUTLASS's cluster pipelines wait:
 // the TMA's complete_tx makes its bytes visible, and a slot's reuse is ordered by the peer's arrival).
+// The suspend-time hint (10 ms, CUTLASS's) lets the thread sleep until the phase completes instead of
+// returning after the system's default limit and spinning.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
     asm volatile(
         "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(bar), "r"(parity)
+        : "r"(bar), "r"(parity), "r"(10000000u)
         : "memory");
   } while (!done);
 }
@@ -152,18 +155,34 @@ __device__ __forceinline__ float lds_f32(uint32_t addr) {
   return v;
 }
 
+__device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
+// Four 8x8 bf16 matrices to shared memory: lane l gives the address of row l % 8 of matrix l / 8,
+// register q holds this lane's two columns of matrix q (the wgmma accumulator fragment's layout).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // A K-major operand tile of 128-byte rows, 128-byte swizzled by TMA: 8-row core groups 1024 bytes
-// apart. Advancing the start address by 32 bytes selects the next k32 slice. The address field holds
-// addr / 16 (shared addresses stay below 2^18), so a descriptor plus bytes / 16 is the descriptor of
-// addr + bytes.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
-}
+// apart. Advancing the start address by 32 bytes selects the next k32 slice. The descriptor's low
+// word holds addr / 16 (shared addresses stay below 2^18) and the leading offset; its high word is
+// the same for every tile (1024-byte stride, 128-byte swizzle). So the low word plus bytes / 16 is the
+// low word of addr + bytes, and only the low word is carried.
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr) { return ((addr >> 4) & 0x3FFF) | (1u << 16); }
 
 __device__ __forceinline__ void fence_regs(float (&d)[64]) {
 #pragma unroll
@@ -174,24 +193,26 @@ __device__ __forceinline__ void fence_regs(float (&d)[64]) {
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
 
-// d (+)= A[64, 32] . B[128, 32]^T: m64n128k32, FP32 accumulators; accumulate 0 overwrites d.
-__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+// d (+)= A[64, 32] . B[128, 32]^T: m64n128k32, FP32 accumulators; accumulate 0 overwrites d. The
+// descriptors come as their low words (smem_desc_lo).
+__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint32_t da, uint32_t db, uint32_t accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %66, 0;\n"
+      "mov.b64 da, {%64, %67};\nmov.b64 db, {%65, %67};\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1;\n}\n"
+      "da, db, p, 1, 1;\n}\n"
       : RTP_F8(0), RTP_F8(8), RTP_F8(16), RTP_F8(24), RTP_F8(32), RTP_F8(40), RTP_F8(48), RTP_F8(56)
-      : "l"(da), "l"(db), "r"(accumulate));
+      : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
 }
 #undef RTP_F8
 
 // One 128-column half of a K block: the fresh m64n128 product of the consumer's 64 A rows (descriptor
 // da) with the half's 128 B rows (db) over the block's 128 K, issued (mma_wait waits for it).
-__device__ __forceinline__ void mma_issue(float (&part)[64], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void mma_issue(float (&part)[64], uint32_t da, uint32_t db) {
   __syncwarp();
   fence_regs(part);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -263,20 +284,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
-  uint8_t* smem = smem_raw + (base - raw);
   const uint32_t full0 = base + kOffSB + sb_bytes(p.kb);
   const uint32_t empty0 = full0 + kStages * 8;
+  const uint32_t sb_full0 = empty0 + kStages * 8, sb_empty0 = sb_full0 + 2 * 8;
 
   uint32_t rank, cid, ncl;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   asm("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
   asm("mov.u32 %0, %%nclusterid.x;" : "=r"(ncl));
 
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  // The warpgroup index from lane 0, so that the compiler knows it is warp-uniform (descriptors
+  // derived from it then stay in uniform registers).
+  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);
       mbar_init(empty0 + 8 * s, p.multicast ? 16 : 8);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(sb_full0 + 8 * b, 32);  // the loader warp's lanes
+      mbar_init(sb_empty0 + 8 * b, 8);  // the consumer warps
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -320,40 +347,53 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty0 + 8 * s, phase ^ 1);
         if (++s == kStages) s = 0, phase ^= 1;
       }
+    } else if (tid / 32 == 1) {
+      // The B-scale loader: tile j's two B-scale rows (a half past N gets zero scales; its columns are
+      // not stored) into buffer j % 2, up to two tiles ahead of the consumers, so that no consumer
+      // waits on device memory between tiles.
+      const int lane = tid % 32;
+      int j = 0;
+      for (int t = cid; t < pairs; t += ncl, ++j) {
+        int pm, tn;
+        pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
+        const int expert = tile_expert<kGrouped>(p, 2 * pm + rank);
+        const float* sbe = p.sb + static_cast<int64_t>(max(expert, 0)) * p.sb_stride_e;
+        const int buf = j & 1;
+        mbar_wait(sb_empty0 + 8 * buf, ((j >> 1) & 1) ^ 1);
+        const uint32_t dst = base + kOffSB + buf * 2 * p.kb * 4;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = 2 * tn + h;
+          for (int kb = lane; kb < p.kb; kb += 32)
+            sts_f32(dst + 4 * (h * p.kb + kb), row < p.sb_rows ? sbe[row * p.sb_stride_n + kb * p.sb_stride_k] : 0.0f);
+        }
+        mbar_arrive(sb_full0 + 8 * buf);  // releases this lane's stores
+      }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = warp * 16 + lane / 4;
-    float* sbw = reinterpret_cast<float*>(smem + kOffSB) + wg * 2 * p.kb;  // [2 halves][kb]
-    const uint32_t sbw_u32 = base + kOffSB + wg * 2 * p.kb * 4;
     const uint32_t dw = base + kOffD + wg * kDWgBytes;
-    const uint64_t desc_a = smem_desc(base + kOffA + wg * 64 * kBK), desc_b = smem_desc(base + kOffB);
+    const uint32_t desc_a = smem_desc_lo(base + kOffA + wg * 64 * kBK), desc_b = smem_desc_lo(base + kOffB);
 
     float acc[128];
     float part[64];
-    int s = 0;
+    int s = 0, j = 0;
     uint32_t phase = 0;
-    for (int t = cid; t < pairs; t += ncl) {
+    for (int t = cid; t < pairs; t += ncl, ++j) {
       int pm, tn;
       pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
       const int tm = 2 * pm + rank;
       const int expert = tile_expert<kGrouped>(p, tm);
-      const float* sbe = p.sb + static_cast<int64_t>(max(expert, 0)) * p.sb_stride_e;
-      // The tile's two B-scale rows; a half past N gets zero scales (its columns are not stored).
-      // The first barrier: every thread of the warpgroup is done with the previous tile's rows.
-      named_sync(1 + wg);
-      for (int i = tid; i < 2 * p.kb; i += 128) {
-        const int h = i / p.kb, kb = i % p.kb, row = 2 * tn + h;
-        sbw[i] = row < p.sb_rows ? sbe[row * p.sb_stride_n + kb * p.sb_stride_k] : 0.0f;
-      }
-      named_sync(1 + wg);
+      const uint32_t sbt = base + kOffSB + (j & 1) * 2 * p.kb * 4;  // [2 halves][kb]
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+      mbar_wait(sb_full0 + 8 * (j & 1), (j >> 1) & 1);
       for (int kb = 0; kb < p.kb; ++kb) {
-        const float sb0 = lds_f32(sbw_u32 + 4 * kb), sb1 = lds_f32(sbw_u32 + 4 * (p.kb + kb));
+        const float sb0 = lds_f32(sbt + 4 * kb), sb1 = lds_f32(sbt + 4 * (p.kb + kb));
         mbar_wait(full0 + 8 * s, phase);
-        const uint64_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
+        const uint32_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
         mma_issue(part, da, db);
         const uint32_t sa = base + kOffSA + s * kSABytes + wg * 256 + 4 * r0;
         const float sa0 = lds_f32(sa), sa1 = lds_f32(sa + 32);
@@ -370,19 +410,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         promote(acc + 64, part, s01, s11);
         if (++s == kStages) s = 0, phase ^= 1;
       }
+      __syncwarp();  // the warp's reads of the B-scale buffer are done
+      if (lane == 0) mbar_arrive(sb_empty0 + 8 * (j & 1));
       if (tm >= p.tiles_m) continue;  // the peer's row tile past M: nothing to store
       if constexpr (kGrouped) {  // rows not of the tile's expert: zeros, counted at the first column tile
         bool pad[2], other[2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int64_t row = static_cast<int64_t>(tm) * kBM + wg * 64 + r0 + 8 * j;
+        for (int jj = 0; jj < 2; ++jj) {
+          const int64_t row = static_cast<int64_t>(tm) * kBM + wg * 64 + r0 + 8 * jj;
           const int id = row < p.m ? p.ids[row] : -1;
           const bool ok = row < p.m && expert >= 0 && id == expert;
-          pad[j] = row < p.m && id == -1;
-          other[j] = row < p.m && id != -1 && !ok;
+          pad[jj] = row < p.m && id == -1;
+          other[jj] = row < p.m && id != -1 && !ok;
           if (!ok) {
 #pragma unroll
-            for (int i = 0; i < 128; i += 4) acc[i + 2 * j] = acc[i + 2 * j + 1] = 0.0f;
+            for (int i = 0; i < 128; i += 4) acc[i + 2 * jj] = acc[i + 2 * jj + 1] = 0.0f;
           }
         }
         if (tn == 0) {  // lanes 0, 4, ... hold the warp's 16 rows
@@ -396,23 +438,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       // Epilogue: the consumer's 64x256 bf16 tile as four 64x64 boxes, 128-byte swizzled (16-byte
-      // chunk c of row r at c ^ (r % 8)), then TMA stores. The previous tile's stores must have
-      // read the buffer first.
+      // chunk c of row r at c ^ (r % 8)), written by stmatrix, then TMA stores. Per stmatrix, the
+      // 8-column groups g and g + 1 of the warp's rows r and r + 8; lane l addresses row l % 8 of
+      // matrix l / 8. The previous tile's stores must have read the buffer first.
       if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       named_sync(1 + wg);
+      {
+        const int q = lane / 8, rr = lane % 8;
+        const uint32_t row_addr = dw + (warp * 16 + 8 * (q % 2) + rr) * 128;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = h * 128 + i * 8 + 2 * (lane % 4);
-          const int box = col / 64, chunk = (col % 64) / 8, within = (col % 8) * 2;
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int r = r0 + 8 * j;
-            const uint32_t addr = dw + box * kDBoxBytes + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
-            const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h * 64 + i * 4 + 2 * j], acc[h * 64 + i * 4 + 2 * j + 1]);
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
-                         : "memory");
+          for (int g = 0; g < 16; g += 2) {
+            const int gq = g + q / 2;  // this lane's 8-column group of the half
+            const uint32_t addr = row_addr + (2 * h + gq / 8) * kDBoxBytes + (((gq % 8) ^ rr) * 16);
+            const float* v = acc + h * 64 + g * 4;
+            stmatrix_x4(addr, bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
           }
         }
       }
