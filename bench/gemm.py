@@ -112,7 +112,7 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False):
         return f"swap {bt}x{bn}/{splits}", {"USE_SWAP": False}
     if refusal is None:
         bm, bn = G.sm90_ws.tile_shape(m, n, A.num_sms(0), dense)
-        wide = cluster and ws_splits == 1 and bm == G.sm90_ws.BM and bn == G.sm90_ws.WIDE_BN
+        wide = cluster and G.wide_tiles(G.DENSE if dense else G.CONTIGUOUS, m, n, ws_splits, A.num_sms(0))
         label = f"{'cluster 2x' if wide else 'sm90_ws '}{bm}x{bn}"
         return label + (f"/{ws_splits}" if ws_splits > 1 else ""), {
             "USE_WS": False, "FORCE_SPLIT_K": ws_splits if dense else None}

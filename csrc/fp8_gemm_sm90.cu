@@ -109,14 +109,16 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// Arrive on the barrier at the same shared offset in cluster CTA `cta`.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
+// The address of this CTA's shared offset `addr` in cluster CTA `cta`'s shared memory.
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t cta) {
+  uint32_t out;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(cta));
+  return out;
+}
+
+// Arrive on a barrier by its cluster address (cluster_addr).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t remote) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 __device__ __forceinline__ void tma_load(const CUtensorMap* map, uint32_t dst, uint32_t bar, int c0, int c1) {
@@ -377,6 +379,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t dw = base + kOffD + wg * kDWgBytes;
     const uint32_t desc_a = smem_desc_lo(base + kOffA + wg * 64 * kBK), desc_b = smem_desc_lo(base + kOffB);
 
+    // Who releases a slot: lanes 0 and 1 of each warp on both CTAs' `empty` barriers when
+    // multicasting, else lane 0 on its own CTA's; by cluster address, without a branch.
+    const bool releases = p.multicast ? lane < 2 : lane == 0;
+    const uint32_t empty_c0 = cluster_addr(empty0, p.multicast ? lane % 2 : rank);
+
     float acc[128];
     float part[64];
     int s = 0, j = 0;
@@ -390,9 +397,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       mbar_wait(sb_full0 + 8 * (j & 1), (j >> 1) & 1);
+      float sb0 = lds_f32(sbt), sb1 = lds_f32(sbt + 4 * p.kb);
+      mbar_wait(full0 + 8 * s, phase);
       for (int kb = 0; kb < p.kb; ++kb) {
-        const float sb0 = lds_f32(sbt + 4 * kb), sb1 = lds_f32(sbt + 4 * (p.kb + kb));
-        mbar_wait(full0 + 8 * s, phase);
+        // Slot s holds K block kb (waited for). Next: slot s1, phase ph1.
+        const int s1 = s + 1 == kStages ? 0 : s + 1;
+        const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
         const uint32_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
         mma_issue(part, da, db);
         const uint32_t sa = base + kOffSA + s * kSABytes + wg * 256 + 4 * r0;
@@ -401,14 +411,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma_wait(part);
         promote(acc, part, s00, s10);
         mma_issue(part, da, db + (kBHalfBytes >> 4));
-        mma_wait(part);
-        if (!p.multicast) {
-          if (lane == 0) mbar_arrive(empty0 + 8 * s);
-        } else if (lane < 2) {
-          mbar_arrive_cluster(empty0 + 8 * s, lane);
+        // While the second chain runs: the next K block's B scales and its slot, so that the next
+        // first chain issues right after this block's promotion (as DeepGEMM's unrolled loop does).
+        if (kb + 1 < p.kb) {
+          sb0 = lds_f32(sbt + 4 * (kb + 1));
+          sb1 = lds_f32(sbt + 4 * (p.kb + kb + 1));
+          mbar_wait(full0 + 8 * s1, ph1);
         }
+        mma_wait(part);
+        if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
         promote(acc + 64, part, s01, s11);
-        if (++s == kStages) s = 0, phase ^= 1;
+        s = s1, phase = ph1;
       }
       __syncwarp();  // the warp's reads of the B-scale buffer are done
       if (lane == 0) mbar_arrive(sb_empty0 + 8 * (j & 1));
@@ -472,6 +485,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   cluster_sync();
+#else
+  __trap();  // built without sm_90a code (the host refuses other GPUs): never return an unwritten out
 #endif  // RTP_SM90A
 }
 

@@ -491,12 +491,12 @@ def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=1
                         alignment=alignment, masked_rows=expected_m if mode == MASKED else None)
 
 
-# Dense and contiguous calls whose sm90_ws tile is 128x256 can run the CUDA kernel with 2-CTA clusters
+# Dense and contiguous calls whose sm90_ws tile is 128x256 run the CUDA kernel with 2-CTA clusters
 # multicasting B (csrc/fp8_gemm_sm90.cu) when the extension is built: the same products and promotion,
-# bit-identical, a third less L2-to-SM traffic per FLOP. Off as shipped: on the H100 it runs at 0.90-1.01
-# of sm90_ws's speed at the M=4096 shapes, faster at none beyond the reps' spread (bench/sm90_cluster.py,
-# docs/perf.md, sixteenth #28 session).
-USE_CLUSTER = False
+# bit-identical, a third less L2-to-SM traffic per FLOP. On the H100 it runs at 0.98-1.00 of DeepGEMM's
+# speed at the M=4096 shapes where sm90_ws ran at 0.85-0.97 (bench/sm90_cluster.py, docs/perf.md,
+# seventeenth #28 session).
+USE_CLUSTER = True
 CLUSTER_GROUP_M = 8  # pairs of 128-row tiles per group of the clusters' tile walk
 CLUSTER_MAX_K = 128 * 1024  # K blocks' B-scale rows share the kernel's shared memory with its ring
 
@@ -513,6 +513,13 @@ def cluster_refusal(a, out) -> str | None:
     if not _tma_ok(out):
         return "out is not TMA-aligned"
     return None
+
+
+def wide_tiles(mode, m, n, splits, sms) -> bool:
+    """Whether sm90_ws runs a dense or contiguous call of M rows (all experts') and N columns, in
+    `splits` K splits on `sms` SMs, in unsplit 128x256 tiles: the calls the cluster kernel can take."""
+    return splits == 1 and mode != MASKED and sm90_ws.tile_shape(m, n, sms, mode == DENSE) == (
+        sm90_ws.BM, sm90_ws.WIDE_BN)
 
 
 def _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out):
@@ -537,8 +544,7 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
         fp8_gemm_nt(a, sa, b[n0:], sb[n0 // GRAN:], out=out[:, n0:])
         return True
     splits = ws_splits(mode, a, b)
-    if splits == 1 and mode != MASKED and sm90_ws.tile_shape(a.shape[0], b.shape[-2], A.num_sms(
-            a.device.index or 0), mode == DENSE) == (sm90_ws.BM, sm90_ws.WIDE_BN):
+    if wide_tiles(mode, a.shape[0], b.shape[-2], splits, A.num_sms(a.device.index or 0)):
         _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out)
         return True
     if splits == 1:
