@@ -101,8 +101,10 @@ CUDA-graph replays (kernel time); "eager call" is one Python call with its launc
 is what the shipped dispatch ran: `sm90_ws BMxBN[/S]` (warp-specialized Gluon, SM90; BMxBN the tile
 `sm90_ws.tile_shape` chose, 64-row tiles included, S its K splits; `sm90_ws masked` its masked mode;
 `128x256 | BMxBN/S`: N's whole 128x256 tiles, then the other columns in their own call,
-`sm90_ws.column_split`), `swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K
-splits) or `triton`; beside them the kernel the dispatch would take without them in the same run
+`sm90_ws.column_split`), `cluster 2x128x256` (the CUDA kernel of csrc/fp8_gemm_sm90.cu taking
+sm90_ws's unsplit 128x256 tiles: 2-CTA clusters multicasting B, block_scaled.USE_CLUSTER),
+`swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K splits) or `triton`; beside
+them the kernel the dispatch would take without them in the same run
 (USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split), with `bit` where the
 outputs are bit-identical, else their relative L2 distance.
 {operands}{dg_text}
