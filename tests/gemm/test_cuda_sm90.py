@@ -11,7 +11,7 @@ a layout with padding rows, an out-of-range id, a ragged and an empty expert, an
 of one expert (B multicast) and of two (each CTA loads its own). Through the dispatch with
 block_scaled.USE_CLUSTER on (as shipped), dense and contiguous calls that sm90_ws runs in 128x256
 tiles take it (column splits too).
-CPU: block_scaled.cluster_refusal's reasons.
+CPU: block_scaled.cluster_refusal's reasons and wide_tiles' grids.
 """
 
 import pytest
@@ -154,6 +154,17 @@ def test_cluster_refusal_names_each_reason(monkeypatch):
     assert G.cluster_refusal(big, out) == f"K={G.CLUSTER_MAX_K + 128} > {G.CLUSTER_MAX_K}"
     monkeypatch.setattr(G, "USE_CLUSTER", False)
     assert G.cluster_refusal(a, out) == "USE_CLUSTER is off"
+
+
+@pytest.mark.skipif(G.sm90_ws is None, reason="this Triton has no Gluon (sm90_ws)")
+def test_wide_tiles_are_the_unsplit_dense_and_contiguous_128x256_grids():
+    sms = 132
+    assert G.wide_tiles(G.DENSE, 4096, 7168, 1, sms)  # 32 x 28 tiles of 128x256
+    assert G.wide_tiles(G.CONTIGUOUS, 8 * 4096, 4096, 1, sms)
+    assert not G.wide_tiles(G.DENSE, 4096, 7168, 2, sms)  # a K split
+    assert not G.wide_tiles(G.MASKED, 4096, 7168, 1, sms)
+    assert not G.wide_tiles(G.DENSE, 128, 7168, 1, sms)  # a decode batch: 128x64 tiles
+    assert not G.wide_tiles(G.DENSE, 4096, 2112, 1, sms)  # N is not whole 256-column tiles
 
 
 def _grouped_case(n, k, seed, reps=1):

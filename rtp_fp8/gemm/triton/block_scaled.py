@@ -493,9 +493,9 @@ def ws_refusal(mode, a, sa, b, sb, out, packed_a=False, sb_div=GRAN, alignment=1
 
 # Dense and contiguous calls whose sm90_ws tile is 128x256 run the CUDA kernel with 2-CTA clusters
 # multicasting B (csrc/fp8_gemm_sm90.cu) when the extension is built: the same products and promotion,
-# bit-identical, a third less L2-to-SM traffic per FLOP. On the H100 it runs at 0.98-1.00 of DeepGEMM's
-# speed at the M=4096 shapes where sm90_ws ran at 0.85-0.97 (bench/sm90_cluster.py, docs/perf.md,
-# seventeenth #28 session).
+# bit-identical, a third less L2-to-SM traffic per FLOP. At the M=4096 shapes it runs at 0.97-0.98 of
+# DeepGEMM's speed on the H200 and 0.95-1.00 on the H100, where sm90_ws ran at 0.85-0.97
+# (bench/gemm.py, bench/sm90_cluster.py, docs/perf.md, seventeenth #28 session).
 USE_CLUSTER = True
 CLUSTER_GROUP_M = 8  # pairs of 128-row tiles per group of the clusters' tile walk
 CLUSTER_MAX_K = 128 * 1024  # K blocks' B-scale rows share the kernel's shared memory with its ring
