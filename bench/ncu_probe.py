@@ -65,7 +65,7 @@ def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
         calls.append((f"ours s{depth}", ours(o, depth), o))
     for label, mc in (("cluster", True), ("cluster nomc", False)) if cluster else ():
         o = torch.full_like(out, float("nan"))
-        calls.append((label, lambda o=o, mc=mc: _ext.fp8_gemm_sm90(a, sa, b, sb, o, 8, 0, mc), o))
+        calls.append((label, lambda o=o, mc=mc: _ext.fp8_gemm_sm90(a, sa, b, sb, o, G.CLUSTER_GROUP_M, 0, mc), o))
     if dg is not None:
         o = torch.full_like(out, float("nan"))
         calls.append(("deep_gemm", lambda: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg), o))

@@ -1,6 +1,6 @@
 """The CUDA SM90 GEMM with 2-CTA clusters multicasting B (csrc/fp8_gemm_sm90.cu) against the dispatch
-without it (block_scaled.USE_CLUSTER off, as shipped: sm90_ws's Gluon 128x256 tiles at these shapes), the
-dispatch with it and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
+without it (block_scaled.USE_CLUSTER off: sm90_ws's Gluon 128x256 tiles at these shapes), the dispatch
+with it (as shipped) and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
 
     PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--clusters 0 66]
         [--no-multicast] [--reps 2]
@@ -26,6 +26,7 @@ from bench.gemm import DENSE, GROUPED, _deepgemm, dense_call, dense_inputs, grou
 from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
+from rtp_fp8.gemm.triton import block_scaled as G
 
 SHAPES = [("dense", s) for s in DENSE if s[0] == 4096] + [("contiguous", s) for s in GROUPED]
 
@@ -40,7 +41,7 @@ def _knobs(group_ms, caps, multicast):
 
 def variants(kind, group_ms, dg, caps=(0,), multicast=(True,)):
     """[(label, call(*ops))] for a dense_inputs / grouped_inputs tuple: the dispatch without the cluster
-    kernel (sm90_ws, as shipped), the dispatch with it (block_scaled.USE_CLUSTER on), the cluster kernel
+    kernel (sm90_ws), the dispatch with it (block_scaled.USE_CLUSTER on, as shipped), the cluster kernel
     called directly per group_m, clusters cap (0: as many as fit; a dense call's tail columns in it
     too, no column split) and multicast setting (False: "nomc", each CTA loads its own B), DeepGEMM."""
     shipped = dense_call if kind == "dense" else grouped_call
@@ -92,7 +93,7 @@ def measure(sets, oi, todo, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--group-m", type=int, nargs="+", default=[8])
+    ap.add_argument("--group-m", type=int, nargs="+", default=[G.CLUSTER_GROUP_M])
     ap.add_argument("--clusters", type=int, nargs="+", default=[0],
                     help="caps on the 2-CTA clusters launched (0: as many as fit, fp8_gemm_sm90_clusters)")
     ap.add_argument("--no-multicast", action="store_true",

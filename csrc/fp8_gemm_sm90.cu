@@ -69,6 +69,10 @@ static_assert(kOffB % 1024 == 0 && kOffD % 1024 == 0 && kABytes % 1024 == 0 && k
               "128-byte swizzled tiles must start 1024-byte aligned");
 
 __host__ __device__ constexpr int sb_bytes(int kb) { return ((2 * 2 * kb * 4) + 15) / 16 * 16; }
+// B-scale buffer `buf` (0 or 1) of the two: [2 halves][kb] floats, written by the loader warp.
+__host__ __device__ constexpr uint32_t sb_buffer(uint32_t base, int kb, int buf) {
+  return base + kOffSB + buf * 2 * kb * 4;
+}
 __host__ constexpr int smem_bytes(int kb) { return 1024 + kOffSB + sb_bytes(kb) + (2 * kStages + 4) * 8; }
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -362,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float* sbe = p.sb + static_cast<int64_t>(max(expert, 0)) * p.sb_stride_e;
         const int buf = j & 1;
         mbar_wait(sb_empty0 + 8 * buf, ((j >> 1) & 1) ^ 1);
-        const uint32_t dst = base + kOffSB + buf * 2 * p.kb * 4;
+        const uint32_t dst = sb_buffer(base, p.kb, buf);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = 2 * tn + h;
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
       const int tm = 2 * pm + rank;
       const int expert = tile_expert<kGrouped>(p, tm);
-      const uint32_t sbt = base + kOffSB + (j & 1) * 2 * p.kb * 4;  // [2 halves][kb]
+      const uint32_t sbt = sb_buffer(base, p.kb, j & 1);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       mbar_wait(sb_full0 + 8 * (j & 1), (j >> 1) & 1);
