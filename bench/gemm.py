@@ -87,17 +87,22 @@ def patched(**values):
             setattr(G, k, v)
 
 
-def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False):
+def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=False):
     """(label, flags) of what the dispatch runs: "sm90_ws BMxBN[/S]" (tile_shape's tile on this GPU,
     ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from
     the other columns' call; "cluster 2x128x256" where the CUDA kernel with 2-CTA clusters runs
     the 128x256 tiles of a dense or contiguous call: cluster, block_scaled.cluster_refusal None),
+    "narrow 64xBN/sS" (the CUDA narrow kernel of a dense call of 33 to 64 rows: narrow,
+    block_scaled.narrow_refusal None; S ring slots),
     "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton"
     (TMA / pointer); flags: the patched() values that take the kernel it replaces (the Triton kernels
     split as sm90_ws split; the unswapped dispatch), None for triton."""
     dense = rows is None
     rows = m if rows is None else rows
     sms = A.num_sms(0)
+    if dense and narrow:  # beside it the Triton kernel unsplit: the same bits
+        return f"narrow 64x{G.NARROW_BLOCK_N}/s{G.narrow_stages(k)}", {
+            "USE_NARROW": False, "USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 1}
     if dense and refusal is None and G.ws_before_swap(m, n, k, torch.device("cuda", 0)):  # 64-row tiles first
         bm, bn = G.sm90_ws.tile_shape(m, n, sms)
         return f"sm90_ws {bm}x{bn}", {"USE_WS": False, "FORCE_SPLIT_K": None}
@@ -138,7 +143,7 @@ def _measure(flops, call, sets, oi, kernel, rows=None):
             tms = rotated_ms(call, sets)
         r["triton_tflops"] = flops / (tms * 1e-3) / 1e12
         r["vs_triton"] = _same(shipped, out, rows)
-        if label.startswith(("sm90_ws", "cluster")) and "|" not in label and r["vs_triton"] != "bit":
+        if label.startswith(("sm90_ws", "cluster", "narrow")) and "|" not in label and r["vs_triton"] != "bit":
             raise AssertionError(f"{label} and the Triton kernel differ")
         out.copy_(shipped)  # DeepGEMM is compared with what the dispatch wrote
     return r
@@ -179,7 +184,8 @@ def dense(m, n, k, dg=None, cold=True):
     a, sa, b, sb, out = sets[0]
     r = _measure(2 * m * n * k, dense_call, sets, 4,
                  _kernel(G.ws_refusal(G.DENSE, a, sa, b, sb, out), m, n, k, ws_splits=G.ws_splits(G.DENSE, a, b),
-                         cluster=G.cluster_refusal(a, out) is None))
+                         cluster=G.cluster_refusal(a, out) is None,
+                         narrow=G.narrow_refusal(a, sa, b, sb, out) is None))
     if dg is not None:
         _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4)
     return r

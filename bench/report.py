@@ -103,10 +103,11 @@ is what the shipped dispatch ran: `sm90_ws BMxBN[/S]` (warp-specialized Gluon, S
 `128x256 | BMxBN/S`: N's whole 128x256 tiles, then the other columns in their own call,
 `sm90_ws.column_split`), `cluster 2x128x256` (the CUDA kernel of csrc/fp8_gemm_sm90.cu taking
 sm90_ws's unsplit 128x256 tiles: 2-CTA clusters multicasting B, block_scaled.USE_CLUSTER),
-`swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K splits) or `triton`; beside
-them the kernel the dispatch would take without them in the same run
-(USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split), with `bit` where the
-outputs are bit-identical, else their relative L2 distance.
+`narrow 64xBN/sS` (the CUDA kernel's 64xBN tiles for dense calls of 33-64 rows, S ring slots,
+block_scaled.USE_NARROW), `swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K splits)
+or `triton`; beside them the kernel the dispatch would take without them in the same run
+(USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split and beside the narrow
+kernel), with `bit` where the outputs are bit-identical, else their relative L2 distance.
 {operands}{dg_text}
 {head}
 {rule}

@@ -71,17 +71,18 @@ def variants(kind, group_ms, dg, caps=(0,), multicast=(True,)):
     return out
 
 
-def measure(sets, oi, todo, reps):
+def measure(sets, oi, todo, reps, exact="cluster", ref=1):
     """{label: median us}, each rep's times, and how each output (ops[oi]) compares with the Triton
-    kernel's, unsplit (the dispatch splits K in the last columns of a column split): todo's second
-    variant, the dispatch, with block_scaled's flags set to take it."""
-    with patched(USE_WS=False, USE_SWAP=False, FORCE_SPLIT_K=1):
-        ref = output_of(todo[1][1], sets[0], sets[0][oi])
+    kernel's, unsplit (the dispatch splits K in the last columns of a column split): todo[ref]'s
+    variant, the dispatch, with block_scaled's flags set to take it. Variants whose label starts with
+    `exact` must give its bits."""
+    with patched(USE_WS=False, USE_SWAP=False, USE_NARROW=False, FORCE_SPLIT_K=1):
+        want = output_of(todo[ref][1], sets[0], sets[0][oi])
     same = {}
     for label, call in todo:
         got = output_of(call, sets[0], sets[0][oi])
-        same[label] = "bit" if torch.equal(got, ref) else f"{rel_l2(got, ref):.1e}"
-        if label.startswith("cluster") and same[label] != "bit":
+        same[label] = "bit" if torch.equal(got, want) else f"{rel_l2(got, want):.1e}"
+        if label.startswith(exact) and same[label] != "bit":
             raise AssertionError(f"{label} differs from the Triton kernel (relative L2 {same[label]})")
     times = {label: [] for label, _ in todo}
     for _ in range(reps):

@@ -41,6 +41,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace rtp_fp8 {
@@ -190,18 +191,19 @@ __device__ __forceinline__ void cluster_sync() {
 constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t smem_desc_lo(uint32_t addr) { return ((addr >> 4) & 0x3FFF) | (1u << 16); }
 
-__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i]));
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]));
 }
 
 #define RTP_F8(i)                                                                                          \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
 
-// d (+)= A[64, 32] . B[128, 32]^T: m64n128k32, FP32 accumulators; accumulate 0 overwrites d. The
-// descriptors come as their low words (smem_desc_lo).
-__device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint32_t da, uint32_t db, uint32_t accumulate) {
+// d (+)= A[64, 32] . B[R * 2, 32]^T: m64n(2R)k32, R FP32 accumulators per thread; accumulate 0
+// overwrites d. The descriptors come as their low words (smem_desc_lo).
+__device__ __forceinline__ void wgmma_k32(float (&d)[64], uint32_t da, uint32_t db, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %66, 0;\n"
       "mov.b64 da, {%64, %67};\nmov.b64 db, {%65, %67};\n"
@@ -214,28 +216,54 @@ __device__ __forceinline__ void wgmma_m64n128k32(float (&d)[64], uint32_t da, ui
       : RTP_F8(0), RTP_F8(8), RTP_F8(16), RTP_F8(24), RTP_F8(32), RTP_F8(40), RTP_F8(48), RTP_F8(56)
       : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
 }
+
+__device__ __forceinline__ void wgmma_k32(float (&d)[32], uint32_t da, uint32_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\n"
+      "mov.b64 da, {%32, %35};\nmov.b64 db, {%33, %35};\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "da, db, p, 1, 1;\n}\n"
+      : RTP_F8(0), RTP_F8(8), RTP_F8(16), RTP_F8(24)
+      : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
+}
+
+__device__ __forceinline__ void wgmma_k32(float (&d)[16], uint32_t da, uint32_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %18, 0;\n"
+      "mov.b64 da, {%16, %19};\nmov.b64 db, {%17, %19};\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "da, db, p, 1, 1;\n}\n"
+      : RTP_F8(0), RTP_F8(8)
+      : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
+}
 #undef RTP_F8
 
-// One 128-column half of a K block: the fresh m64n128 product of the consumer's 64 A rows (descriptor
-// da) with the half's 128 B rows (db) over the block's 128 K, issued (mma_wait waits for it).
-__device__ __forceinline__ void mma_issue(float (&part)[64], uint32_t da, uint32_t db) {
+// One K block's fresh m64n(2R) product of 64 A rows (descriptor da) with 2R B rows (db) over the
+// block's 128 K, issued (mma_wait waits for it). The cluster kernel runs it per 128-column half (R 64).
+template <int R>
+__device__ __forceinline__ void mma_issue(float (&part)[R], uint32_t da, uint32_t db) {
   __syncwarp();
   fence_regs(part);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int k = 0; k < kBK / 32; ++k) wgmma_m64n128k32(part, da + 2 * k, db + 2 * k, k);
+  for (int k = 0; k < kBK / 32; ++k) wgmma_k32(part, da + 2 * k, db + 2 * k, k);
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-__device__ __forceinline__ void mma_wait(float (&part)[64]) {
+template <int R>
+__device__ __forceinline__ void mma_wait(float (&part)[R]) {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   fence_regs(part);
 }
 
 // acc += part * scale, row r0's accumulators (j = 0, 1) with s0, row r0 + 8's (j = 2, 3) with s1.
-__device__ __forceinline__ void promote(float* acc, const float (&part)[64], float s0, float s1) {
+template <int R>
+__device__ __forceinline__ void promote(float* acc, const float (&part)[R], float s0, float s1) {
 #pragma unroll
-  for (int i = 0; i < 64; i += 4) {
+  for (int i = 0; i < R; i += 4) {
     acc[i + 0] = __fmaf_rn(part[i + 0], s0, acc[i + 0]);
     acc[i + 1] = __fmaf_rn(part[i + 1], s0, acc[i + 1]);
     acc[i + 2] = __fmaf_rn(part[i + 2], s1, acc[i + 2]);
@@ -494,6 +522,171 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // RTP_SM90A
 }
 
+// ---- 64-row tiles for decode batches (fp8_gemm_sm90_narrow) ----
+//
+// A dense call of few rows (M <= 128 or so) has few tiles: its time is its weights' bytes from device
+// memory and every tile's re-read of A from the L2, and what matters is how many bytes each SM keeps
+// in flight and how little each K block costs beyond its MMA. Each CTA (256 threads) runs 64 x BN
+// tiles (BN 32, 64 or 128) persistently: thread 0 of warpgroup 1 issues the TMA loads of A [64, 128],
+// B [BN, 128] and the A-row scales into a ring of `stages` slots; warpgroup 0 is the one consumer: per
+// K block one fresh m64nBNk32 chain (4 x k32), promoted as the wide kernel does (acc = fma(part,
+// sa * sb, acc)), so the outputs are the Triton kernel's bits. While the chain runs it loads the next
+// K block's B scale (from device memory, one float per block: a tile lies in one 128-column scale
+// block) and waits for the next slot. The epilogue stores bf16 pairs from the registers straight to
+// `out` (rows below M and columns below N only).
+// multicast: 2-CTA clusters on column tiles 2q and 2q + 1 of one row tile; each CTA loads one half of
+// the A tile's rows and multicasts it into both, so A is read from the L2 once per two tiles. A slot
+// is then free once both CTAs' consumers released it. Without: one CTA per tile unit, its ring its own.
+constexpr int kNarrowBM = 64, kNarrowThreads = 256;
+constexpr int kNarrowABytes = kNarrowBM * kBK;  // 8 KB
+constexpr int kNarrowSABytes = kNarrowBM * 4;   // 256 B
+
+// Offsets: the A ring, the B ring, the A-scale ring, then full and empty barriers.
+__host__ __device__ constexpr int narrow_off_b(int stages) { return stages * kNarrowABytes; }
+__host__ __device__ constexpr int narrow_off_sa(int bn, int stages) { return narrow_off_b(stages) + stages * bn * kBK; }
+__host__ __device__ constexpr int narrow_off_bar(int bn, int stages) {
+  return narrow_off_sa(bn, stages) + stages * kNarrowSABytes;
+}
+__host__ constexpr int narrow_smem_bytes(int bn, int stages) { return 1024 + narrow_off_bar(bn, stages) + 2 * stages * 8; }
+
+struct NarrowParams {
+  const float* sb;
+  int64_t sb_stride_n, sb_stride_k;
+  __nv_bfloat16* out;
+  int64_t out_stride;
+  int m, n, kb, tiles_m, tiles_n, units, stages;
+  int a_box_rows;  // rows of A loaded per tile (M's rows rounded up to 16 where M < 64), both halves
+  int multicast;   // 1: 2-CTA clusters sharing A (units are pairs of column tiles), 0: one CTA per tile
+};
+
+// Unit u (a tile, or a pair of column tiles when multicasting) -> this CTA's row and column tile.
+__device__ __forceinline__ void narrow_coords(const NarrowParams& p, int u, uint32_t rank, int& tm, int& tn) {
+  tm = u % p.tiles_m;
+  tn = (u / p.tiles_m) * (1 + p.multicast) + rank;
+}
+
+template <int BN>
+__global__ void __launch_bounds__(kNarrowThreads, 1)
+    fp8_gemm_sm90_narrow_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                const __grid_constant__ CUtensorMap map_sa, const NarrowParams p) {
+#ifdef RTP_SM90A
+  constexpr int R = BN / 2;  // accumulators per thread
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const int stages = p.stages;
+  const uint32_t off_b = base + narrow_off_b(stages), off_sa = base + narrow_off_sa(BN, stages);
+  const uint32_t full0 = base + narrow_off_bar(BN, stages), empty0 = full0 + 8 * stages;
+  uint32_t rank, cid, ncl;  // a launch without clusters: rank 0, one cluster per CTA
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(ncl));
+  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, p.multicast ? 8 : 4);  // the consumer's warps (of both CTAs)
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();  // both CTAs' barriers exist before either multicasts into them
+
+  if (wg == 1) {
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_sa)) : "memory");
+      const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + kNarrowSABytes;
+      const int half = p.a_box_rows / 2;
+      int s = 0;
+      uint32_t phase = 0;
+      for (int u = cid; u < p.units; u += ncl) {
+        int tm, tn;
+        narrow_coords(p, u, rank, tm, tn);
+        const int row0 = tm * kNarrowBM, col0 = min(tn, p.tiles_n - 1) * BN;  // a pair's tile past N: any B
+        for (int kb = 0; kb < p.kb; ++kb) {
+          const uint32_t full = full0 + 8 * s;
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          mbar_expect_tx(full, bytes);
+          tma_load(&map_b, off_b + s * (BN * kBK), full, kb * kBK, col0);
+          if (p.multicast) {
+            tma_load_multicast(&map_a, base + s * kNarrowABytes + rank * half * kBK, full, kb * kBK,
+                               row0 + rank * half, 0x3);
+          } else {
+            tma_load(&map_a, base + s * kNarrowABytes, full, kb * kBK, row0);
+          }
+          tma_load(&map_sa, off_sa + s * kNarrowSABytes, full, row0, kb);
+          if (++s == stages) s = 0, phase ^= 1;
+        }
+      }
+      // Every slot released once more (by both CTAs when multicasting): the peer's last arrivals on
+      // this CTA's barriers have landed before it exits.
+      for (int i = 0; i < stages; ++i) {
+        mbar_wait(empty0 + 8 * s, phase ^ 1);
+        if (++s == stages) s = 0, phase ^= 1;
+      }
+    }
+  } else {
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = warp * 16 + lane / 4;
+    const uint32_t desc_a = smem_desc_lo(base), desc_b = smem_desc_lo(off_b);
+    // Who releases a slot: lanes 0 and 1 of each warp on both CTAs' `empty` barriers when
+    // multicasting, else lane 0 on its own; by cluster address, without a branch.
+    const bool releases = p.multicast ? lane < 2 : lane == 0;
+    const uint32_t empty_c0 = cluster_addr(empty0, p.multicast ? lane % 2 : rank);
+    float acc[R];
+    float part[R];
+    int s = 0;
+    uint32_t phase = 0;
+    for (int u = cid; u < p.units; u += ncl) {
+      int tm, tn;
+      narrow_coords(p, u, rank, tm, tn);
+      const int col0 = tn * BN;
+      const float* sbrow = p.sb + static_cast<int64_t>(min(tn, p.tiles_n - 1) * BN / 128) * p.sb_stride_n;
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+      float sb = __ldg(sbrow);
+      mbar_wait(full0 + 8 * s, phase);
+      for (int kb = 0; kb < p.kb; ++kb) {
+        const int s1 = s + 1 == stages ? 0 : s + 1;
+        const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
+        mma_issue(part, desc_a + s * (kNarrowABytes >> 4), desc_b + s * ((BN * kBK) >> 4));
+        const uint32_t sa = off_sa + s * kNarrowSABytes + 4 * r0;
+        const float s0 = lds_f32(sa) * sb, s1v = lds_f32(sa + 32) * sb;
+        if (kb + 1 < p.kb) {
+          sb = __ldg(sbrow + (kb + 1) * p.sb_stride_k);
+          mbar_wait(full0 + 8 * s1, ph1);
+        }
+        mma_wait(part);
+        __syncwarp();
+        if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
+        promote(acc, part, s0, s1v);
+        s = s1, phase = ph1;
+      }
+      // Epilogue: this thread's rows r0 and r0 + 8, columns 8g + 2 (lane % 4) + {0, 1}.
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int row = tm * kNarrowBM + r0 + 8 * jj;
+        if (row >= p.m) continue;
+        __nv_bfloat16* dst = p.out + static_cast<int64_t>(row) * p.out_stride;
+#pragma unroll
+        for (int g = 0; g < R / 4; ++g) {
+          const int col = col0 + 8 * g + 2 * (lane % 4);
+          const float v0 = acc[4 * g + 2 * jj], v1 = acc[4 * g + 2 * jj + 1];
+          if (col + 1 < p.n) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(v0, v1);
+          } else if (col < p.n) {
+            dst[col] = __float2bfloat16_rn(v0);
+          }
+        }
+      }
+    }
+  }
+  cluster_sync();
+#else
+  __trap();  // built without sm_90a code (the host refuses other GPUs): never return an unwritten out
+#endif  // RTP_SM90A
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   static std::once_flag once;
@@ -610,20 +803,30 @@ void check_common(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b
   check_aligned(b, "b");
   check_aligned(sa, "sa");
   check_aligned(out, "out");
-  TORCH_CHECK(smem_bytes(static_cast<int>(kb)) <= kSmemMax, "fp8_gemm_sm90: K = ", k, " needs ",
-              smem_bytes(static_cast<int>(kb)), " bytes of shared memory, over ", kSmemMax);
   TORCH_CHECK(m < (1LL << 31) && b.size(0) * n < (1LL << 31) && k < (1LL << 31),
               "fp8_gemm_sm90: M, N (times E) and K must fit int32");
+}
+
+// The kernels' sm_90a code runs on SM90 alone (a build without it traps).
+void check_sm90(const at::Tensor& a) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a.get_device()));
+  TORCH_CHECK(major == 9 && minor == 0, "fp8_gemm_sm90: needs an SM90 GPU, this is sm_", major, minor);
+}
+
+// The cluster kernel's B-scale rows share its shared memory with the ring.
+void check_cluster_smem(int64_t k) {
+  const int kb = static_cast<int>((k + kBK - 1) / kBK);
+  TORCH_CHECK(smem_bytes(kb) <= kSmemMax, "fp8_gemm_sm90: K = ", k, " needs ", smem_bytes(kb),
+              " bytes of shared memory, over ", kSmemMax);
 }
 
 template <bool kGrouped>
 void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb, at::Tensor& out,
             int64_t group_m, int64_t clusters_cap, bool multicast, const int* ids, int* counters) {
   const c10::cuda::CUDAGuard guard(a.device());
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a.get_device()));
-  TORCH_CHECK(major == 9 && minor == 0, "fp8_gemm_sm90: needs an SM90 GPU, this is sm_", major, minor);
+  check_sm90(a);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(-2), kb = (k + kBK - 1) / kBK;
   const int64_t b_rows = kGrouped ? b.size(0) * n : n;
   const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, m, a.stride(0), kBK, kBM,
@@ -665,6 +868,7 @@ void launch(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, cons
 void fp8_gemm_sm90(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                    at::Tensor& out, int64_t group_m, int64_t clusters, bool multicast) {
   check_common(a, sa, b, sb, out, group_m, clusters, 2);
+  check_cluster_smem(a.size(1));
   launch<false>(a, sa, b, sb, out, group_m, clusters, multicast, nullptr, nullptr);
 }
 
@@ -681,6 +885,7 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
                               const at::Tensor& ids, at::Tensor& out, at::Tensor& counters, int64_t group_m,
                               int64_t clusters, bool multicast) {
   check_common(a, sa, b, sb, out, group_m, clusters, 3);
+  check_cluster_smem(a.size(1));
   TORCH_CHECK(ids.is_cuda() && counters.is_cuda() && ids.device() == a.device() && counters.device() == a.device(),
               "fp8_gemm_sm90: ids and counters must be CUDA tensors on a's device");
   TORCH_CHECK(ids.scalar_type() == at::kInt && ids.dim() == 1 && ids.size(0) == a.size(0) && ids.is_contiguous(),
@@ -688,6 +893,116 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() == 2 && counters.is_contiguous(),
               "fp8_gemm_sm90: counters must be contiguous int32 [2]");
   launch<true>(a, sa, b, sb, out, group_m, clusters, multicast, ids.data_ptr<int>(), counters.data_ptr<int>());
+}
+
+// ---- fp8_gemm_sm90_narrow's host side ----
+constexpr int kNarrowMaxStages = 16;
+
+// How many of the narrow kernel's CTAs (multicast: 2-CTA clusters) of `smem` bytes fit the GPU at
+// once. Asked once per device, tile width, size and mode, which also sets the kernel's shared memory
+// limit there (so not inside a CUDA graph capture after a size's first call).
+template <int BN>
+int narrow_fit(int smem, bool multicast) {
+  static std::map<std::tuple<int, int, bool>, int> cache;  // (device, smem, multicast) -> CTAs or clusters
+  static std::mutex mu;
+  int device;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto hit = cache.find({device, smem, multicast});
+  if (hit != cache.end()) return hit->second;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_sm90_narrow_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kSmemMax));
+  int n = 0;
+  if (multicast) {
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = launch_config(1024, smem, attr);
+    cfg.blockDim = dim3(kNarrowThreads);
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fp8_gemm_sm90_narrow_kernel<BN>, &cfg));
+  } else {
+    int per_sm = 0, sms = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fp8_gemm_sm90_narrow_kernel<BN>,
+                                                                 kNarrowThreads, smem));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    n = per_sm * sms;
+  }
+  TORCH_CHECK(n > 0, "fp8_gemm_sm90_narrow: no CTA of ", smem, " bytes of shared memory fits this GPU");
+  cache[{device, smem, multicast}] = n;
+  return n;
+}
+
+// The most ring slots of BN-wide tiles that fit (at most kNarrowMaxStages).
+int narrow_max_stages(int bn) {
+  int s = kNarrowMaxStages;
+  while (s > 2 && narrow_smem_bytes(bn, s) > kSmemMax) --s;
+  return s;
+}
+
+template <int BN>
+void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
+                   at::Tensor& out, int stages, bool multicast) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0), kb = (k + kBK - 1) / kBK;
+  NarrowParams p;
+  p.sb = sb.data_ptr<float>();
+  p.sb_stride_n = sb.stride(0);
+  p.sb_stride_k = sb.stride(1);
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  p.out_stride = out.stride(0);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.kb = static_cast<int>(kb);
+  p.tiles_m = static_cast<int>((m + kNarrowBM - 1) / kNarrowBM);
+  p.tiles_n = static_cast<int>((n + BN - 1) / BN);
+  const int64_t units = static_cast<int64_t>(p.tiles_m) * (multicast ? (p.tiles_n + 1) / 2 : p.tiles_n);
+  TORCH_CHECK(units < (1LL << 30), "fp8_gemm_sm90_narrow: ", units, " tiles do not fit int32");
+  p.units = static_cast<int>(units);
+  p.stages = stages;
+  p.multicast = multicast ? 1 : 0;
+  // A's rows per tile: M's rounded up to 16 where M < 64 (TMA's out-of-bounds rows cost time; 16 so
+  // that each multicast half starts on a 1024-byte swizzle period). The tile's other rows keep what
+  // they held and are never stored.
+  p.a_box_rows = static_cast<int>(std::min<int64_t>(kNarrowBM, (m + 15) / 16 * 16));
+  const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, m, a.stride(0), kBK,
+                                       multicast ? p.a_box_rows / 2 : p.a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "a");
+  const CUtensorMap map_b = tensor_map(b.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, n, b.stride(0), kBK, BN,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, "b");
+  const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, m, kb, sa.stride(1) * 4,
+                                        kNarrowBM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
+  const int smem = narrow_smem_bytes(BN, stages);
+  const int grid = static_cast<int>(std::min<int64_t>(units, narrow_fit<BN>(smem, multicast)));
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = launch_config(grid, smem, attr);  // grid clusters of 2
+  cfg.blockDim = dim3(kNarrowThreads);
+  if (!multicast) cfg.gridDim = dim3(grid), cfg.numAttrs = 0;
+  cfg.stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_narrow_kernel<BN>, map_a, map_b, map_sa, p));
+}
+
+void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
+                          at::Tensor& out, int64_t block_n, int64_t stages, bool multicast) {
+  check_common(a, sa, b, sb, out, 1, 0, 2);
+  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128,
+              "fp8_gemm_sm90_narrow: block_n must be 32, 64 or 128, got ", block_n);
+  const int most = narrow_max_stages(static_cast<int>(block_n));
+  TORCH_CHECK(stages == 0 || (stages >= 2 && stages <= most),
+              "fp8_gemm_sm90_narrow: stages must be 0 (as many as fit) or 2..", most, " for block_n ", block_n,
+              ", got ", stages);
+  const c10::cuda::CUDAGuard guard(a.device());
+  check_sm90(a);
+  const int st = stages ? static_cast<int>(stages) : most;
+  if (block_n == 32) {
+    launch_narrow<32>(a, sa, b, sb, out, st, multicast);
+  } else if (block_n == 64) {
+    launch_narrow<64>(a, sa, b, sb, out, st, multicast);
+  } else {
+    launch_narrow<128>(a, sa, b, sb, out, st, multicast);
+  }
+}
+
+// The ring slots fp8_gemm_sm90_narrow takes with stages = 0 for this block_n.
+int64_t fp8_gemm_sm90_narrow_stages(int64_t block_n) {
+  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128,
+              "fp8_gemm_sm90_narrow_stages: block_n must be 32, 64 or 128, got ", block_n);
+  return narrow_max_stages(static_cast<int>(block_n));
 }
 
 }  // namespace gemm90
@@ -699,8 +1014,11 @@ TORCH_LIBRARY_FRAGMENT(rtp_fp8_C, m) {
       "fp8_gemm_sm90_contiguous(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor ids, Tensor(a!) out, "
       "Tensor(b!) counters, int group_m, int clusters, bool multicast) -> ()");
   m.def("fp8_gemm_sm90_clusters(int k) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_clusters);
+  m.def("fp8_gemm_sm90_narrow(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int block_n, int stages, bool multicast) -> ()");
+  m.def("fp8_gemm_sm90_narrow_stages(int block_n) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_narrow_stages);
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) {
   m.impl("fp8_gemm_sm90", &rtp_fp8::gemm90::fp8_gemm_sm90);
   m.impl("fp8_gemm_sm90_contiguous", &rtp_fp8::gemm90::fp8_gemm_sm90_contiguous);
+  m.impl("fp8_gemm_sm90_narrow", &rtp_fp8::gemm90::fp8_gemm_sm90_narrow);
 }

@@ -74,3 +74,16 @@ def fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m=8, cluste
     padding), 128-row segments per expert; rows not of their tile's expert are stored as zeros and
     counted into counters [2] (-1 rows, other rows), as the Triton kernels do."""
     _ops().fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m, clusters, bool(multicast))
+
+
+def fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n=64, stages=0, multicast=False):
+    """fp8_gemm_sm90 for few rows (csrc/fp8_gemm_sm90.cu's narrow kernel: 64 x block_n tiles, block_n
+    32, 64 or 128, one consumer warpgroup, a ring of `stages` slots, 0: as many as fit, see
+    fp8_gemm_sm90_narrow_stages). multicast: 2-CTA clusters on neighbouring column tiles share A's
+    loads. Dense only; bit-identical to the Triton kernel."""
+    _ops().fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n, stages, bool(multicast))
+
+
+def fp8_gemm_sm90_narrow_stages(block_n):
+    """The ring slots fp8_gemm_sm90_narrow takes with stages=0 for this block_n."""
+    return _ops().fp8_gemm_sm90_narrow_stages(block_n)

@@ -78,3 +78,15 @@ def test_multicast_off_makes_a_nomc_variant_each(monkeypatch):
     for label in list(grouped)[2:]:
         grouped[label](*range(7))
     assert seen == [(8, 0, True), (8, 0, False), (8, 60, True), (8, 60, False)]
+
+
+def test_the_narrow_bench_checks_its_variants_against_its_first(monkeypatch):
+    """bench/sm90_narrow.py: the reference is its first variant (the dispatch) run as the Triton kernel
+    unsplit, and a narrow variant that differs stops the run."""
+    monkeypatch.setattr(C, "rotated_ms", lambda call, sets: 1e-3)
+    ref_call = lambda x, out: out.copy_(x if not G.USE_WS and G.FORCE_SPLIT_K == 1 else x + 1)  # noqa: E731
+    todo = [("dispatch", ref_call), ("narrow 64x32 s6", lambda x, out: out.copy_(x))]
+    assert C.measure(_sets(), 1, todo, reps=1, exact="narrow", ref=0)["same"]["narrow 64x32 s6"] == "bit"
+    todo.append(("narrow 64x64 s8 mc", lambda x, out: out.copy_(x - 1)))
+    with pytest.raises(AssertionError, match="narrow 64x64 s8 mc differs from the Triton kernel"):
+        C.measure(_sets(), 1, todo, reps=1, exact="narrow", ref=0)

@@ -45,8 +45,19 @@ def _triton(monkeypatch, a, sa, b, sb):
     with monkeypatch.context() as mp:
         mp.setattr(G, "USE_WS", False)
         mp.setattr(G, "USE_SWAP", False)
+        mp.setattr(G, "USE_NARROW", False)
         mp.setattr(G, "FORCE_SPLIT_K", 1)
         return G.fp8_gemm_nt(a, sa, b, sb)
+
+
+def _check_framed(monkeypatch, buf, out, ops, what):
+    """out = buf[1:M + 1, 8:N + 8], written by a kernel: bit-identical to the Triton kernel's, the
+    guard row above and below and the 8 guard columns each side still NaN, within TOL of the oracle."""
+    m, n = out.shape
+    assert_bits_equal(out, _triton(monkeypatch, *ops), what)
+    assert bool(torch.isnan(buf[0]).all() and torch.isnan(buf[m + 1:]).all())  # guard rows
+    assert bool(torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, n + 8:]).all())  # guard columns
+    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(*ops)) <= TOL
 
 
 @pytest.mark.gpu_sm90
@@ -59,11 +70,7 @@ def test_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, grou
     buf = torch.full((m + 3, n + 24), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[1:m + 1, 8:n + 8]  # 16-byte aligned start, row stride n + 24
     _ext.fp8_gemm_sm90(a, sa, b, sb, out, group_m, 0, multicast)
-    ref = _triton(monkeypatch, a, sa, b, sb)
-    assert_bits_equal(out, ref, f"({m}, {n}, {k})")
-    assert bool(torch.isnan(buf[0]).all() and torch.isnan(buf[m + 1:]).all())  # guard rows
-    assert bool(torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, n + 8:]).all())  # guard columns
-    assert rel_l2(out.double().cpu(), GR.gemm_nt_ref(a, sa, b, sb)) <= TOL
+    _check_framed(monkeypatch, buf, out, (a, sa, b, sb), f"({m}, {n}, {k})")
 
 
 @pytest.mark.gpu_sm90
@@ -156,6 +163,61 @@ def test_cluster_refusal_names_each_reason(monkeypatch):
     assert G.cluster_refusal(a, out) == "USE_CLUSTER is off"
 
 
+@pytest.mark.skipif(G.sm90_ws is None, reason="this Triton has no Gluon (sm90_ws's operand rules)")
+def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
+    m, n, k = 64, 7168, 2048  # the operands' metadata only: nothing is computed
+    a80, sa80 = torch.empty(80, k, dtype=torch.float8_e4m3fn), torch.empty(k // 128, 80).t()  # sa col_tma
+    b, sb = torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(n // 128, k // 128)
+    out80 = torch.empty(80, n, dtype=torch.bfloat16)
+    a, sa, out = a80[:m], sa80[:m], out80[:m]
+    assert G.USE_NARROW is True  # as shipped
+    monkeypatch.setattr(G._ext, "available", lambda: True)
+    monkeypatch.setattr(G.A, "detect", lambda device: G.A.Arch(9, 0))
+    monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
+    assert G.narrow_refusal(a, sa, b, sb, out) is None
+    long_k = torch.empty(m, 7168, dtype=torch.float8_e4m3fn)  # (64, 4096, 7168): swapped, 4 K splits
+    assert G.narrow_refusal(long_k, sa, b[:4096], sb, out) == "the swapped kernel splits K 4 ways"
+    for rows in (G.NARROW_MIN_ROWS - 1, G.SWAP_MAX_ROWS + 1):
+        assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) == (
+            f"M={rows} outside {G.NARROW_MIN_ROWS}..{G.SWAP_MAX_ROWS}")
+    assert G.narrow_refusal(a, sa.contiguous(), b, sb, out).startswith("needs A's scales column-major")
+    assert G.narrow_refusal(a, sa, b, sb, out, packed_a=True) == "needs FP32 scales, B's per 128x128 block"
+    assert G.narrow_refusal(a, sa, b, sb, torch.empty(m, n + 4, dtype=torch.bfloat16)[:, :n]) == (
+        "needs out's start and row stride 16-byte aligned")
+    assert G.narrow_refusal(a, sa, b, sb, torch.empty(m, n + 8, dtype=torch.bfloat16)[:, :n]) is None
+    monkeypatch.setattr(G.A, "detect", lambda device: G.A.Arch(12, 0))
+    assert G.narrow_refusal(a, sa, b, sb, out) == "needs SM90, got sm120"
+    monkeypatch.setattr(G._ext, "available", lambda: False)
+    monkeypatch.setattr(G._ext, "unavailable_reason", lambda: "_C.so not built")
+    assert G.narrow_refusal(a, sa, b, sb, out) == "the CUDA extension is absent: _C.so not built"
+    monkeypatch.setattr(G, "USE_NARROW", False)
+    assert G.narrow_refusal(a, sa, b, sb, out) == "USE_NARROW is off"
+    assert [G.narrow_stages(k) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 12, 12]
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640)])
+def test_dispatch_takes_the_narrow_kernel_for_33_to_64_rows(monkeypatch, m, n, k):
+    a, sa, b, sb = _ops(m, n, k, seed=m + n)
+    calls = []
+    real = G._ext.fp8_gemm_sm90_narrow
+
+    def spy(a, sa, b, sb, out, block_n, stages):
+        calls.append((tuple(a.shape), block_n, stages))
+        return real(a, sa, b, sb, out, block_n, stages)
+
+    monkeypatch.setattr(G._ext, "fp8_gemm_sm90_narrow", spy)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    G.fp8_gemm_nt(a, sa, b, sb, out=out)
+    assert calls == [((m, k), G.NARROW_BLOCK_N, G.narrow_stages(k))]
+    assert_bits_equal(out, _triton(monkeypatch, a, sa, b, sb), f"({m}, {n}, {k})")
+    with monkeypatch.context() as mp:  # off: the kernel it replaced (swapped or sm90_ws), not it
+        mp.setattr(G, "USE_NARROW", False)
+        G.fp8_gemm_nt(a, sa, b, sb)
+    assert len(calls) == 1
+
+
 @pytest.mark.skipif(G.sm90_ws is None, reason="this Triton has no Gluon (sm90_ws)")
 def test_wide_tiles_are_the_unsplit_dense_and_contiguous_128x256_grids():
     sms = 132
@@ -228,3 +290,50 @@ def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
     assert_bits_equal(few, out, "3 clusters")
     with pytest.raises(RuntimeError, match="clusters must be >= 0"):
         _ext.fp8_gemm_sm90(a, sa, b, sb, few, 8, -1)
+
+
+# The narrow kernel (fp8_gemm_sm90_narrow): 64 x block_n tiles for few rows. Ragged M (a partial
+# second row tile, M below the 16-row A box), N not a multiple of the tile (and odd: the last column
+# stored alone; an odd number of column tiles, so the last cluster's second CTA has none), K of 1 to
+# 56 blocks, rings of 2 or 3 slots and of as many as fit, with and without A multicast, and grids
+# with more tiles than SMs (each CTA walks several, its ring running on across them).
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (64, 7168, 2048), (100, 131, 1664),
+                                   (128, 4096, 128), (256, 7168, 512)])
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+@pytest.mark.parametrize("stages,multicast", [(2, False), (0, False), (3, True), (0, True)])
+def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast):
+    a, sa, b, sb = _ops(m, n, k, seed=m + n + k + block_n)
+    width = (n + 24 + 7) // 8 * 8  # a row stride of whole 16-byte units
+    buf = torch.full((m + 3, width), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[1:m + 1, 8:n + 8]
+    _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n, stages, multicast)
+    _check_framed(monkeypatch, buf, out, (a, sa, b, sb), f"({m}, {n}, {k}) 64x{block_n} s{stages} mc {multicast}")
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+def test_narrow_graph_replay_and_bad_arguments():
+    a, sa, b, sb = _ops(64, 1024, 1024, seed=5)
+    out = torch.full((64, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out)
+    first = out.clone()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, 64, 0, True)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bits_equal(out, first, "graph replay")
+    most = _ext.fp8_gemm_sm90_narrow_stages(64)
+    assert 2 <= most <= 16
+    for bn, st, msg in [(48, 0, "block_n must be 32, 64 or 128"), (64, 1, "stages must be 0"),
+                        (64, most + 1, "stages must be 0")]:
+        with pytest.raises(RuntimeError, match=msg):
+            _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
+    with pytest.raises(RuntimeError, match="sa must be column-major"):
+        _ext.fp8_gemm_sm90_narrow(a, sa.contiguous(), b, sb, out)
+    with pytest.raises(RuntimeError, match="block_n must be 32, 64 or 128"):
+        _ext.fp8_gemm_sm90_narrow_stages(96)

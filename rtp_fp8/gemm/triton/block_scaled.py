@@ -556,6 +556,50 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
     return True
 
 
+# Dense calls of NARROW_MIN_ROWS..SWAP_MAX_ROWS rows on SM90 whose swapped-kernel grid would not split K run
+# the CUDA narrow kernel when the extension is built (csrc/fp8_gemm_sm90.cu: 64 x NARROW_BLOCK_N tiles,
+# one consumer warpgroup, a deep ring; the same products and promotion as the Triton kernel, bit-identical,
+# unsplit). (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws 64x64
+# took 7.8 (0.90), 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the
+# swapped kernel splits 4 ways: 14.1 against 16.1 us on the H100 but 13.9 against 13.1 on the H200, whose
+# faster device memory leaves the L2 reads of A (whole K per narrow tile, a quarter per split) as the
+# limit; so split grids keep the swapped kernel. 16 and 128 rows were no faster than the swapped kernel
+# and sm90_ws, and 2-CTA clusters sharing A were slower everywhere (docs/perf.md, eighteenth #28 session).
+USE_NARROW = True
+NARROW_MIN_ROWS = 33
+NARROW_BLOCK_N = 32
+
+
+def narrow_stages(k: int) -> int:
+    """The narrow kernel's ring slots for K: a quarter of its K blocks, 6 to 12 (bench/sm90_narrow.py:
+    K=7168's 56 blocks ran fastest with 12, K=2048's 16 with 6; a deep ring over few blocks front-loads
+    its loads)."""
+    return min(12, max(6, cdiv(k, GRAN) // 4))
+
+
+def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None:
+    """None when a dense call runs the CUDA narrow kernel, else why not (the swapped kernel, sm90_ws or
+    the Triton kernels take it then)."""
+    if not USE_NARROW:
+        return "USE_NARROW is off"
+    if not (NARROW_MIN_ROWS <= a.shape[0] <= SWAP_MAX_ROWS):
+        return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{SWAP_MAX_ROWS}"
+    if not _ext.available():
+        return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
+    if sm90_ws is None:
+        return "this Triton has no Gluon (sm90_ws's operand rules)"
+    arch = A.detect(a.device)
+    if (arch.major, arch.minor) != (9, 0):
+        return f"needs SM90, got {arch.name}"
+    if out.data_ptr() % 16 or (out.stride(0) * out.element_size()) % 16:
+        return "needs out's start and row stride 16-byte aligned"
+    m, k = a.shape
+    splits = swap_config(m, b.shape[0], k, m, A.num_sms(a.device.index or 0))[3]
+    if splits > 1:  # each split's CTA reads a quarter of A's K; each narrow tile all of it
+        return f"the swapped kernel splits K {splits} ways"
+    return sm90_ws.operand_refusal(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div)
+
+
 SWAP_WS_MIN_ROWS = 33  # dense M from which sm90_ws's 64-row tiles replace the swapped kernel (see ws_before_swap)
 # Whether 64-row sm90_ws grids that split K replace the swapped kernel too ((64, 4096, 7168): 64 tiles of
 # 64x64 in 2 K splits); bench/sb_prefetch.py --ws-split times it (docs/perf.md, twelfth #28 session).
@@ -788,6 +832,9 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
+        return out
+    if narrow_refusal(a, sa, b, sb, out, packed_a, sb_div) is None:
+        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, NARROW_BLOCK_N, narrow_stages(k))
         return out
     if ws_before_swap(m, n, k, a.device) and _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):
         return out

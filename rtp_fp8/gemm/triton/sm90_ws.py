@@ -623,6 +623,22 @@ def grid(rows, n, k, num_sms, bn=None, dense=True, bm=None):
     return bm, bn, tiles, split_k(tiles, cdiv(k, BK), num_sms, dense)
 
 
+def operand_refusal(a, sa, b, sb, out, *, packed_a, sb_div):
+    """None when the operands are in the SM90 kernels' formats (this kernel's and csrc/fp8_gemm_sm90.cu's:
+    FP32 scales, B's per 128x128 block, A's column-major with a 16-byte aligned column stride, contiguous
+    16-byte aligned A and B), else what is not."""
+    if packed_a or sb_div != 128:
+        return "needs FP32 scales, B's per 128x128 block"
+    if sa.stride(-2) != 1 or sa.stride(-1) % 4 or sa.data_ptr() % 16:
+        return "needs A's scales column-major with a 16-byte aligned column stride (scale_layout='col_tma')"
+    if a.shape[-1] % 16 or not (a.is_contiguous() and b.is_contiguous() and sb.is_contiguous()) or (
+            a.data_ptr() % 16 or b.data_ptr() % 16):
+        return "needs contiguous, 16-byte aligned A, B and B scales (K a multiple of 16)"
+    if out.stride(-1) != 1:
+        return "needs out with unit column stride"
+    return None
+
+
 def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, arch=None, num_sms=None, bn=None,
          masked_rows=None, bm=None):
     """None when the kernel applies, else the reason it does not (block_scaled falls back then).
@@ -641,15 +657,9 @@ def plan(a, sa, b, sb, out, *, packed_a, sb_div, grouped=False, alignment=128, a
         return "needs Triton >= 3.6 (gl.warp_specialize taking (function, args) pairs)"
     m, k = a.shape[-2:]
     n = b.shape[-2]
-    if packed_a or sb_div != 128:
-        return "needs FP32 scales, B's per 128x128 block"
-    if sa.stride(-2) != 1 or sa.stride(-1) % 4 or sa.data_ptr() % 16:
-        return "needs A's scales column-major with a 16-byte aligned column stride (scale_layout='col_tma')"
-    if k % 16 or not (a.is_contiguous() and b.is_contiguous() and sb.is_contiguous()) or (
-            a.data_ptr() % 16 or b.data_ptr() % 16):
-        return "needs contiguous, 16-byte aligned A, B and B scales (K a multiple of 16)"
-    if out.stride(-1) != 1:
-        return "needs out with unit column stride"
+    why = operand_refusal(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div)
+    if why is not None:
+        return why
     if masked_rows is not None and out.stride(0) != m * out.stride(1):
         return "needs out's experts one after another (viewable as [E * M, N])"
     if grouped and alignment % BM:

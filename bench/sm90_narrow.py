@@ -1,0 +1,87 @@
+"""The CUDA SM90 narrow GEMM (csrc/fp8_gemm_sm90.cu: 64 x block_n tiles, one consumer warpgroup, a
+deep ring) against the shipped dispatch and DeepGEMM at bench/gemm.py's small-M dense shapes (issue #28's
+decode rows).
+
+    PYTHONPATH=. python3 bench/sm90_narrow.py [--out n.json] [--block-n 32 64 128] [--stages 6 8 0]
+        [--rows 16 64 128 256] [--multicast off|on|both] [--reps 2] [--no-deepgemm]
+
+Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
+(bench.common.operand_sets), so each call reads its weights from device memory. Each rep times the
+dispatch (as shipped) and with block_scaled.USE_NARROW off, the narrow kernel at each --block-n,
+--stages (0: as many slots as fit, recorded under env.narrow_stages) and --multicast setting, and
+DeepGEMM when it runs here; medians over reps of each rep's CUDA-graph median. The narrow kernel's
+output on set 0 must equal the Triton kernel's (unsplit) bit for bit (an AssertionError otherwise).
+Beside the times: the memory-bound limit, the weight's bytes at the copy bandwidth measured in the
+same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.common import copy_bandwidth_gbs, dump, environment, fp8_gemm_tflops, operand_sets
+from bench.gemm import EXPERT_NK, _deepgemm, dense_call, dense_inputs, patched
+from bench.sm90_cluster import measure
+from rtp_fp8 import _ext
+from rtp_fp8 import arch as A
+from rtp_fp8.gemm import deepgemm as D
+
+
+def variants(block_ns, stages, dg, multicast=(False, True)):
+    """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, the dispatch with USE_NARROW off, the
+    narrow kernel per block_n, stages ("narrow 64x64 s8"; s0: as many as fit) and multicast setting
+    (" mc": 2-CTA clusters sharing A), DeepGEMM."""
+
+    def without(*ops):  # the kernel the narrow kernel replaces (the swapped kernel or sm90_ws)
+        with patched(USE_NARROW=False):
+            dense_call(*ops)
+
+    out = [("dispatch", dense_call), ("without narrow", without)]
+    out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}", lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc:
+             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st, mc))
+            for bn in block_ns for st in stages for mc in multicast if st <= _ext.fp8_gemm_sm90_narrow_stages(bn)]
+    if dg is not None:
+        out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
+    ap.add_argument("--stages", type=int, nargs="+", default=[6, 8, 0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 64, 128, 256])
+    ap.add_argument("--multicast", choices=["off", "on", "both"], default="both")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-deepgemm", action="store_true")
+    args = ap.parse_args()
+    if not _ext.available():
+        raise SystemExit(f"sm90_narrow: the extension is not built ({_ext.unavailable_reason()})")
+    ceiling = fp8_gemm_tflops()
+    bandwidth = copy_bandwidth_gbs()
+    dg, why = (None, "--no-deepgemm") if args.no_deepgemm else _deepgemm()
+    env = environment()
+    env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
+    env["narrow_stages"] = {bn: _ext.fp8_gemm_sm90_narrow_stages(bn) for bn in args.block_n}
+    print(env)
+    print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {bandwidth:.0f} GB/s", flush=True)
+    todo = variants(args.block_n, args.stages, dg, {"off": (False,), "on": (True,), "both": (False, True)}[
+        args.multicast])
+    rows = []
+    for m in args.rows:
+        for n, k in EXPERT_NK:
+            sets = operand_sets(lambda s=(m, n, k): dense_inputs(*s))
+            r = measure(sets, 4, todo, args.reps, exact="narrow", ref=0)
+            r["tflops"] = {label: 2 * m * n * k / (us * 1e-6) / 1e12 for label, us in r["us"].items()}
+            limit_us = n * k / (bandwidth * 1e9) * 1e6
+            rows.append({"shape": [m, n, k], "operand_sets": len(sets), "limit_us": limit_us, **r})
+            best = min((us, label) for label, us in r["us"].items() if label.startswith("narrow"))
+            cells = "  ".join(f"{label} {us:6.1f}" for label, us in r["us"].items())
+            print(f"{str((m, n, k)):>18s} limit {limit_us:5.1f} us  {cells}  best {best[1]}  same {r['same']}",
+                  flush=True)
+            if args.out:
+                dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "copy_gbs": bandwidth, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
