@@ -1,7 +1,8 @@
 """Where sm90_ws loses to DeepGEMM, read from the hardware counters (issue #28): a program for ncu.
 
     ncu --clock-control none --profile-from-start off --set full -o prof \\
-        python3 bench/ncu_probe.py [--shapes 128,4096,7168 64,7168,2048] [--ws-stages 6 10]
+        python3 bench/ncu_probe.py [--shapes 128,4096,7168 64,7168,2048] [--ws-stages 6 10] [--cluster]
+        [--narrow 32,16 64,13]
 
 Each shape's operands are made and both GEMMs (our shipped dispatch and DeepGEMM when it imports)
 run three times outside the profiled range, so compiles, autotuning and DeepGEMM's JIT stay out
@@ -14,6 +15,10 @@ caches flushed. Outputs are checked bit for bit against each other after the ran
 why rings deeper than 6 slots ran slower over rotated operands (docs/perf.md, 2026-12-04k).
 --cluster: the CUDA cluster kernel (csrc/fp8_gemm_sm90.cu) too, multicasting B and with multicast off
 (two more entries), for where it loses time to sm90_ws and DeepGEMM (docs/perf.md, sixteenth session).
+--narrow BN,S ...: the CUDA narrow kernel in 64 x BN tiles with an S-slot ring (one entry each), for
+where it loses time to DeepGEMM's same tiles (DeepGEMM 2.6.1 runs 64x64 with 13 slots at (128, 4096,
+7168), as it printed, and 64x32 with 16 at (64, 4096, 7168) as its heuristic reads, not printed;
+docs/perf.md, eighteenth session).
 """
 
 from __future__ import annotations
@@ -41,11 +46,22 @@ def _shape(text):
     return m, n, k
 
 
-def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
+def _narrow(text):
+    try:
+        bn, st = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--narrow: expected BN,S, got {text!r}") from None
+    if bn not in (32, 64, 128) or not 2 <= st <= 16:
+        raise argparse.ArgumentTypeError(f"--narrow: {text!r} needs BN of 32, 64 or 128 and S of 2 to 16")
+    return bn, st
+
+
+def _variants(a, sa, b, sb, out, stages, dg, cluster=False, narrow=()):
     """[(label, call, its output)]: the shipped dispatch ("ours"), sm90_ws at the dispatch's tile with
     each ring depth in `stages` ("ours sN", the depth patched as bench/decode_sweep.py's ring sweep
     patches it, inside the call so that the profiled launch reads it), with `cluster` the CUDA cluster
-    kernel multicasting B and not ("cluster", "cluster nomc"), DeepGEMM when it imports."""
+    kernel multicasting B and not ("cluster", "cluster nomc"), the narrow kernel per (block_n, stages)
+    in `narrow` ("narrow 64x32 s16"), DeepGEMM when it imports."""
     from bench.decode_sweep import _ws_ring
 
     def ours(o, depth=None):
@@ -66,6 +82,10 @@ def _variants(a, sa, b, sb, out, stages, dg, cluster=False):
     for label, mc in (("cluster", True), ("cluster nomc", False)) if cluster else ():
         o = torch.full_like(out, float("nan"))
         calls.append((label, lambda o=o, mc=mc: _ext.fp8_gemm_sm90(a, sa, b, sb, o, G.CLUSTER_GROUP_M, 0, mc), o))
+    for bn, st in narrow:
+        o = torch.full_like(out, float("nan"))
+        calls.append((f"narrow 64x{bn} s{st}", lambda o=o, bn=bn, st=st: _ext.fp8_gemm_sm90_narrow(
+            a, sa, b, sb, o, bn, st), o))
     if dg is not None:
         o = torch.full_like(out, float("nan"))
         calls.append(("deep_gemm", lambda: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg), o))
@@ -79,15 +99,17 @@ def main(argv=None):
                    help="also sm90_ws at the dispatch's tile with an N-slot ring (shapes it takes)")
     p.add_argument("--cluster", action="store_true",
                    help="also the CUDA cluster kernel, multicasting B and not (needs the extension built)")
+    p.add_argument("--narrow", nargs="+", type=_narrow, default=[], metavar="BN,S",
+                   help="also the CUDA narrow kernel in 64xBN tiles with S ring slots (needs the extension built)")
     args = p.parse_args(argv)
-    if args.cluster and not _ext.available():
-        raise SystemExit(f"ncu_probe: --cluster needs the extension ({_ext.unavailable_reason()})")
+    if (args.cluster or args.narrow) and not _ext.available():
+        raise SystemExit(f"ncu_probe: --cluster and --narrow need the extension ({_ext.unavailable_reason()})")
     dg, why = _deepgemm()
     print(f"deep_gemm: {dg.version if dg is not None else 'absent: ' + why}")
     calls = []
     for m, n, k in args.shapes:
         torch.manual_seed(m + n + k)
-        variants = _variants(*dense_inputs(m, n, k), args.ws_stages, dg, args.cluster)
+        variants = _variants(*dense_inputs(m, n, k), args.ws_stages, dg, args.cluster, args.narrow)
         for _ in range(3):
             for _, call, _ in variants:
                 call()

@@ -1,7 +1,9 @@
 """bench/ncu_probe.py's host side: --ws-stages adds sm90_ws at the dispatch's tile with each ring depth,
 patched inside the call (the profiled launch must read it, and the shipped depth must be back after),
-each variant writing its own NaN-poisoned output. The profiles come from the GPU."""
+each variant writing its own NaN-poisoned output; --cluster and --narrow add the CUDA kernels. The
+profiles come from the GPU."""
 
+import pytest
 import torch
 
 from bench import ncu_probe as P
@@ -49,3 +51,24 @@ def test_cluster_variants_call_the_cuda_kernel_with_and_without_multicast(monkey
         call()
     assert seen == [(8, 0, True), (8, 0, False)]
     assert bool(torch.isnan(out).all()) and all(bool((o == 2).all()) for *_, o in variants[1:])
+
+
+def test_narrow_variants_call_the_cuda_kernel_per_tile_and_ring(monkeypatch):
+    seen = []
+
+    def kernel(a, sa, b, sb, out, block_n, stages):
+        seen.append((block_n, stages))
+        out.fill_(3.0)
+
+    monkeypatch.setattr(P._ext, "fp8_gemm_sm90_narrow", kernel)
+    a, b, out = torch.empty(64, 128), torch.empty(512, 128), torch.empty(64, 512)
+    variants = P._variants(a, None, b, None, out, [], None, narrow=[(32, 16), (64, 13)])
+    assert [label for label, *_ in variants] == ["ours", "narrow 64x32 s16", "narrow 64x64 s13"]
+    assert all(torch.isnan(o).all() for *_, o in variants)
+    for _, call, _ in variants[1:]:
+        call()
+    assert seen == [(32, 16), (64, 13)] and all(bool((o == 3).all()) for *_, o in variants[1:])
+    assert P._narrow("32,16") == (32, 16)
+    for bad in ("48,8", "32,1", "32,17", "32"):
+        with pytest.raises(P.argparse.ArgumentTypeError, match="--narrow"):
+            P._narrow(bad)
