@@ -42,6 +42,12 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
+def has(op: str) -> bool:
+    """Whether the loaded extension registers `op` (a _C.so built before the op was added does not)."""
+    ops = _load()[0]
+    return ops is not None and hasattr(ops, op)
+
+
 def _ops():
     """torch.ops.rtp_fp8_C, or RuntimeError saying why the extension is unavailable."""
     ops, why = _load()

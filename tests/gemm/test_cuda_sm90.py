@@ -171,7 +171,9 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     out80 = torch.empty(80, n, dtype=torch.bfloat16)
     a, sa, out = a80[:m], sa80[:m], out80[:m]
     assert G.USE_NARROW is True  # as shipped
-    monkeypatch.setattr(G._ext, "available", lambda: True)
+    monkeypatch.setattr(G._ext, "_load", lambda: (object(), ""))  # an extension without the op
+    assert G.narrow_refusal(a, sa, b, sb, out).startswith("the CUDA extension predates the narrow kernel")
+    monkeypatch.setattr(G._ext, "_load", lambda: (type("Ops", (), {"fp8_gemm_sm90_narrow": None}), ""))
     monkeypatch.setattr(G.A, "detect", lambda device: G.A.Arch(9, 0))
     monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
     assert G.narrow_refusal(a, sa, b, sb, out) is None

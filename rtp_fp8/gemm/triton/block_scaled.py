@@ -586,6 +586,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
         return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{SWAP_MAX_ROWS}"
     if not _ext.available():
         return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
+    if not _ext.has("fp8_gemm_sm90_narrow"):
+        return "the CUDA extension predates the narrow kernel (rebuild it: python3 tools/build_ext.py)"
     if sm90_ws is None:
         return "this Triton has no Gluon (sm90_ws's operand rules)"
     arch = A.detect(a.device)
