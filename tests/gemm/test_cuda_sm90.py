@@ -155,6 +155,9 @@ def test_cluster_refusal_names_each_reason(monkeypatch):
     monkeypatch.setattr(G._ext, "unavailable_reason", lambda: "_C.so not built")
     assert G.cluster_refusal(a, out) == "the CUDA extension is absent: _C.so not built"
     monkeypatch.setattr(G._ext, "available", lambda: True)
+    monkeypatch.setattr(G._ext, "_load", lambda: (object(), ""))  # an extension without the op
+    assert G.cluster_refusal(a, out).startswith("the CUDA extension predates the cluster kernel")
+    monkeypatch.setattr(G._ext, "_load", lambda: (type("Ops", (), {"fp8_gemm_sm90": None}), ""))
     assert G.cluster_refusal(a, out) is None
     assert G.cluster_refusal(a, torch.empty(4096, 4100, dtype=torch.bfloat16)[:, :4096]) == "out is not TMA-aligned"
     big = torch.empty(1, G.CLUSTER_MAX_K + 128, dtype=torch.float8_e4m3fn)

@@ -508,6 +508,8 @@ def cluster_refusal(a, out) -> str | None:
         return "USE_CLUSTER is off"
     if not _ext.available():
         return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
+    if not _ext.has("fp8_gemm_sm90"):
+        return "the CUDA extension predates the cluster kernel (rebuild it: python3 tools/build_ext.py)"
     if a.shape[1] > CLUSTER_MAX_K:
         return f"K={a.shape[1]} > {CLUSTER_MAX_K}"
     if not _tma_ok(out):
