@@ -179,6 +179,21 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+__device__ __forceinline__ void prefetch_tensormaps(const CUtensorMap* a, const CUtensorMap* b, const CUtensorMap* sa) {
+  for (const CUtensorMap* map : {a, b, sa})
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// The producer's last step: every slot of its ring (the next to fill at s, phase) released once more,
+// by both CTAs' consumers when multicasting, so that the peer's last arrivals on this CTA's barriers
+// have landed before it exits.
+__device__ __forceinline__ void drain_ring(uint32_t empty0, int stages, int s, uint32_t phase) {
+  for (int i = 0; i < stages; ++i) {
+    mbar_wait(empty0 + 8 * s, phase ^ 1);
+    if (++s == stages) s = 0, phase ^= 1;
+  }
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
@@ -347,9 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_sa)) : "memory");
+      prefetch_tensormaps(&map_a, &map_b, &map_sa);
       int s = 0;
       uint32_t phase = 0;
       for (int t = cid; t < pairs; t += ncl) {
@@ -375,12 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (++s == kStages) s = 0, phase ^= 1;
         }
       }
-      // Every slot released once more (by both CTAs when multicasting): the peer's last arrivals on
-      // this CTA's barriers have landed before it exits.
-      for (int i = 0; i < kStages; ++i) {
-        mbar_wait(empty0 + 8 * s, phase ^ 1);
-        if (++s == kStages) s = 0, phase ^= 1;
-      }
+      drain_ring(empty0, kStages, s, phase);
     } else if (tid / 32 == 1) {
       // The B-scale loader: tile j's two B-scale rows (a half past N gets zero scales; its columns are
       // not stored) into buffer j % 2, up to two tiles ahead of the consumers, so that no consumer
@@ -592,9 +600,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 
   if (wg == 1) {
     if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_sa)) : "memory");
+      prefetch_tensormaps(&map_a, &map_b, &map_sa);
       const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + kNarrowSABytes;
       const int half = p.a_box_rows / 2;
       int s = 0;
@@ -618,12 +624,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
           if (++s == stages) s = 0, phase ^= 1;
         }
       }
-      // Every slot released once more (by both CTAs when multicasting): the peer's last arrivals on
-      // this CTA's barriers have landed before it exits.
-      for (int i = 0; i < stages; ++i) {
-        mbar_wait(empty0 + 8 * s, phase ^ 1);
-        if (++s == stages) s = 0, phase ^= 1;
-      }
+      drain_ring(empty0, stages, s, phase);
     }
   } else {
     const int warp = tid / 32, lane = tid % 32;
