@@ -73,6 +73,19 @@ def test_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, grou
     _check_framed(monkeypatch, buf, out, (a, sa, b, sb), f"({m}, {n}, {k})")
 
 
+def _replayed(out, call):
+    """out as `call` writes it when captured in a CUDA graph and replayed, out NaN before the capture
+    and again before the replay."""
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.gpu_sm90
 @needs_ext
 def test_repeated_calls_and_a_cuda_graph_replay_give_the_same_bits():
@@ -80,14 +93,7 @@ def test_repeated_calls_and_a_cuda_graph_replay_give_the_same_bits():
     out = torch.full((1024, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
     _ext.fp8_gemm_sm90(a, sa, b, sb, out)
     first = out.clone()
-    out.fill_(float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _ext.fp8_gemm_sm90(a, sa, b, sb, out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, first)
+    assert torch.equal(_replayed(out, lambda: _ext.fp8_gemm_sm90(a, sa, b, sb, out)), first)
 
 
 @pytest.mark.gpu_sm90
@@ -324,14 +330,8 @@ def test_narrow_graph_replay_and_bad_arguments():
     out = torch.full((64, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
     _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out)
     first = out.clone()
-    out.fill_(float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, 64, 0, True)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_bits_equal(out, first, "graph replay")
+    assert_bits_equal(_replayed(out, lambda: _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, 64, 0, True)), first,
+                      "graph replay")
     most = _ext.fp8_gemm_sm90_narrow_stages(64)
     assert 2 <= most <= 16
     for bn, st, msg in [(48, 0, "block_n must be 32, 64 or 128"), (64, 1, "stages must be 0"),
