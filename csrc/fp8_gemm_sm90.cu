@@ -549,12 +549,15 @@ constexpr int kNarrowBM = 64, kNarrowThreads = 256;
 constexpr int kNarrowABytes = kNarrowBM * kBK;  // 8 KB
 constexpr int kNarrowSABytes = kNarrowBM * 4;   // 256 B
 
-// Offsets: the A ring, the B ring, the A-scale ring, then full and empty barriers.
+constexpr int kNarrowSBBytes = 4096;           // the tile's B-scale row: K up to 1024 blocks
+
+// Offsets: the A ring, the B ring, the A-scale ring, the B-scale row, then full and empty barriers.
 __host__ __device__ constexpr int narrow_off_b(int stages) { return stages * kNarrowABytes; }
 __host__ __device__ constexpr int narrow_off_sa(int bn, int stages) { return narrow_off_b(stages) + stages * bn * kBK; }
-__host__ __device__ constexpr int narrow_off_bar(int bn, int stages) {
+__host__ __device__ constexpr int narrow_off_sb(int bn, int stages) {
   return narrow_off_sa(bn, stages) + stages * kNarrowSABytes;
 }
+__host__ __device__ constexpr int narrow_off_bar(int bn, int stages) { return narrow_off_sb(bn, stages) + kNarrowSBBytes; }
 __host__ constexpr int narrow_smem_bytes(int bn, int stages) { return 1024 + narrow_off_bar(bn, stages) + 2 * stages * 8; }
 
 struct NarrowParams {
@@ -583,6 +586,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
   const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
   const int stages = p.stages;
   const uint32_t off_b = base + narrow_off_b(stages), off_sa = base + narrow_off_sa(BN, stages);
+  const uint32_t sbuf = base + narrow_off_sb(BN, stages);
   const uint32_t full0 = base + narrow_off_bar(BN, stages), empty0 = full0 + 8 * stages;
   uint32_t rank, cid, ncl;  // a launch without clusters: rank 0, one cluster per CTA
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -645,18 +649,20 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       const float* sbrow = p.sb + static_cast<int64_t>(min(tn, p.tiles_n - 1) * BN / 128) * p.sb_stride_n;
 #pragma unroll
       for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-      float sb = __ldg(sbrow);
+      // The tile's B-scale row into shared memory (as DeepGEMM stages it), so that no K block waits on
+      // a load from device memory; the previous tile's reads are done first.
+      named_sync(1);
+      for (int i = tid; i < p.kb; i += 128) sts_f32(sbuf + 4 * i, __ldg(sbrow + i * p.sb_stride_k));
+      named_sync(1);
       mbar_wait(full0 + 8 * s, phase);
       for (int kb = 0; kb < p.kb; ++kb) {
         const int s1 = s + 1 == stages ? 0 : s + 1;
         const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
         mma_issue(part, desc_a + s * (kNarrowABytes >> 4), desc_b + s * ((BN * kBK) >> 4));
         const uint32_t sa = off_sa + s * kNarrowSABytes + 4 * r0;
+        const float sb = lds_f32(sbuf + 4 * kb);
         const float s0 = lds_f32(sa) * sb, s1v = lds_f32(sa + 32) * sb;
-        if (kb + 1 < p.kb) {
-          sb = __ldg(sbrow + (kb + 1) * p.sb_stride_k);
-          mbar_wait(full0 + 8 * s1, ph1);
-        }
+        if (kb + 1 < p.kb) mbar_wait(full0 + 8 * s1, ph1);
         mma_wait(part);
         __syncwarp();
         if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
@@ -983,6 +989,8 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
   check_common(a, sa, b, sb, out, 1, 0, 2);
   TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128,
               "fp8_gemm_sm90_narrow: block_n must be 32, 64 or 128, got ", block_n);
+  TORCH_CHECK((a.size(1) + kBK - 1) / kBK * 4 <= kNarrowSBBytes, "fp8_gemm_sm90_narrow: K = ", a.size(1),
+              " is over ", kNarrowSBBytes / 4 * kBK, " (the tile's B-scale row is staged in shared memory)");
   const int most = narrow_max_stages(static_cast<int>(block_n));
   TORCH_CHECK(stages == 0 || (stages >= 2 && stages <= most),
               "fp8_gemm_sm90_narrow: stages must be 0 (as many as fit) or 2..", most, " for block_n ", block_n,

@@ -586,6 +586,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
         return "USE_NARROW is off"
     if not (NARROW_MIN_ROWS <= a.shape[0] <= SWAP_MAX_ROWS):
         return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{SWAP_MAX_ROWS}"
+    if a.shape[1] > CLUSTER_MAX_K:  # the tile's B-scale row is staged in shared memory, as the cluster kernel's
+        return f"K={a.shape[1]} > {CLUSTER_MAX_K}"
     if not _ext.available():
         return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
     if not _ext.has("fp8_gemm_sm90_narrow"):
