@@ -437,26 +437,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       mbar_wait(sb_full0 + 8 * (j & 1), (j >> 1) & 1);
+      // K block kb's scales are read one block ahead (while the previous block's second chain runs):
+      // read in the block's own iteration, ptxas put their products among its first chain's wgmmas,
+      // which then waited on shared memory (SASS, 2026-12-05).
+      const uint32_t sa_lane = base + kOffSA + wg * 256 + 4 * r0;
       float sb0 = lds_f32(sbt), sb1 = lds_f32(sbt + 4 * p.kb);
       mbar_wait(full0 + 8 * s, phase);
+      float sa0 = lds_f32(sa_lane + s * kSABytes), sa1 = lds_f32(sa_lane + s * kSABytes + 32);
       for (int kb = 0; kb < p.kb; ++kb) {
         // Slot s holds K block kb (waited for). Next: slot s1, phase ph1.
         const int s1 = s + 1 == kStages ? 0 : s + 1;
         const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
         const uint32_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
-        mma_issue(part, da, db);
-        const uint32_t sa = base + kOffSA + s * kSABytes + wg * 256 + 4 * r0;
-        const float sa0 = lds_f32(sa), sa1 = lds_f32(sa + 32);
         const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
+        mma_issue(part, da, db);
         mma_wait(part);
         promote(acc, part, s00, s10);
         mma_issue(part, da, db + (kBHalfBytes >> 4));
-        // While the second chain runs: the next K block's B scales and its slot, so that the next
+        // While the second chain runs: the next K block's scales and its slot, so that the next
         // first chain issues right after this block's promotion (as DeepGEMM's unrolled loop does).
         if (kb + 1 < p.kb) {
           sb0 = lds_f32(sbt + 4 * (kb + 1));
           sb1 = lds_f32(sbt + 4 * (p.kb + kb + 1));
           mbar_wait(full0 + 8 * s1, ph1);
+          sa0 = lds_f32(sa_lane + s1 * kSABytes), sa1 = lds_f32(sa_lane + s1 * kSABytes + 32);
         }
         mma_wait(part);
         if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
@@ -655,14 +659,21 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       for (int i = tid; i < p.kb; i += 128) sts_f32(sbuf + 4 * i, __ldg(sbrow + i * p.sb_stride_k));
       named_sync(1);
       mbar_wait(full0 + 8 * s, phase);
+      // K block kb's scales are read one block ahead (while the previous block's wgmmas run): read in
+      // the block's own iteration, ptxas put their products among its wgmmas, which then waited on
+      // shared memory (ncu, 2026-12-05).
+      float sb = lds_f32(sbuf), a0 = lds_f32(off_sa + s * kNarrowSABytes + 4 * r0);
+      float a1 = lds_f32(off_sa + s * kNarrowSABytes + 4 * r0 + 32);
       for (int kb = 0; kb < p.kb; ++kb) {
         const int s1 = s + 1 == stages ? 0 : s + 1;
         const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
+        const float s0 = a0 * sb, s1v = a1 * sb;
         mma_issue(part, desc_a + s * (kNarrowABytes >> 4), desc_b + s * ((BN * kBK) >> 4));
-        const uint32_t sa = off_sa + s * kNarrowSABytes + 4 * r0;
-        const float sb = lds_f32(sbuf + 4 * kb);
-        const float s0 = lds_f32(sa) * sb, s1v = lds_f32(sa + 32) * sb;
-        if (kb + 1 < p.kb) mbar_wait(full0 + 8 * s1, ph1);
+        if (kb + 1 < p.kb) {
+          mbar_wait(full0 + 8 * s1, ph1);
+          const uint32_t sa = off_sa + s1 * kNarrowSABytes + 4 * r0;
+          sb = lds_f32(sbuf + 4 * (kb + 1)), a0 = lds_f32(sa), a1 = lds_f32(sa + 32);
+        }
         mma_wait(part);
         __syncwarp();
         if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
@@ -731,42 +742,57 @@ void check_aligned(const at::Tensor& t, const char* name) {
               " must start 16-byte aligned");
 }
 
-cudaLaunchConfig_t launch_config(int clusters, int smem, cudaLaunchAttribute* attr) {
+// A launch of `units` 2-CTA clusters (pairs) or of `units` single CTAs, of `threads` threads each.
+cudaLaunchConfig_t launch_config(int units, int smem, cudaLaunchAttribute* attr, int threads = kThreads,
+                                 bool pairs = true) {
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(2 * clusters);
-  cfg.blockDim = dim3(kThreads);
+  cfg.gridDim = dim3(pairs ? 2 * units : units);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pairs ? 1 : 0;
   return cfg;
 }
 
-// Clusters of 2 that fit at once: a persistent grid larger than that would run its last
-// clusters after the others finished. Asked once per device and shared memory size (a model's
-// layers alternate K, and so the size), which also sets the kernel's shared memory limit there
-// (so not inside a CUDA graph capture after a size's first call).
-template <bool kGrouped>
-int max_clusters(int smem) {
-  static std::map<std::pair<int, int>, int> cache;  // (device, smem) -> clusters
+// How many CTAs (pairs: 2-CTA clusters) of `kernel`, `threads` threads and `smem` bytes of shared
+// memory each, fit on the current GPU at once: a persistent grid larger than that would run its last
+// ones after the others finished. Asked once per kernel, device, size and mode (a model's layers
+// alternate K, and so the size), which also sets the kernel's shared memory limit there (so not
+// inside a CUDA graph capture after a size's first call).
+int fit_at_once(const void* kernel, int threads, int smem, bool pairs, const char* op) {
+  static std::map<std::tuple<const void*, int, int, bool>, int> cache;  // (kernel, device, smem, pairs)
   static std::mutex mu;
   int device;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
-  const auto hit = cache.find({device, smem});
+  const auto hit = cache.find({kernel, device, smem, pairs});
   if (hit != cache.end()) return hit->second;
-  C10_CUDA_CHECK(
-      cudaFuncSetAttribute(fp8_gemm_sm90_kernel<kGrouped>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(1024, smem, attr);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
   int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fp8_gemm_sm90_kernel<kGrouped>, &cfg));
-  TORCH_CHECK(n > 0, "fp8_gemm_sm90: no 2-CTA cluster of ", smem, " bytes of shared memory fits this GPU");
-  cache[{device, smem}] = n;
+  if (pairs) {
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = launch_config(1024, smem, attr, threads);
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  } else {
+    int per_sm = 0, sms = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    n = per_sm * sms;
+  }
+  TORCH_CHECK(n > 0, op, ": no ", pairs ? "2-CTA cluster" : "CTA", " of ", smem,
+              " bytes of shared memory fits this GPU");
+  cache[{kernel, device, smem, pairs}] = n;
   return n;
+}
+
+template <bool kGrouped>
+int max_clusters(int smem) {
+  return fit_at_once(reinterpret_cast<const void*>(fp8_gemm_sm90_kernel<kGrouped>), kThreads, smem, true,
+                     "fp8_gemm_sm90");
 }
 
 // Checks shared by both ops; b is [N, K] (dense) or [E, N, K] (grouped), sb likewise.
@@ -905,36 +931,10 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
 // ---- fp8_gemm_sm90_narrow's host side ----
 constexpr int kNarrowMaxStages = 16;
 
-// How many of the narrow kernel's CTAs (multicast: 2-CTA clusters) of `smem` bytes fit the GPU at
-// once. Asked once per device, tile width, size and mode, which also sets the kernel's shared memory
-// limit there (so not inside a CUDA graph capture after a size's first call).
-template <int BN>
-int narrow_fit(int smem, bool multicast) {
-  static std::map<std::tuple<int, int, bool>, int> cache;  // (device, smem, multicast) -> CTAs or clusters
-  static std::mutex mu;
-  int device;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto hit = cache.find({device, smem, multicast});
-  if (hit != cache.end()) return hit->second;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_sm90_narrow_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kSmemMax));
-  int n = 0;
-  if (multicast) {
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = launch_config(1024, smem, attr);
-    cfg.blockDim = dim3(kNarrowThreads);
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fp8_gemm_sm90_narrow_kernel<BN>, &cfg));
-  } else {
-    int per_sm = 0, sms = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fp8_gemm_sm90_narrow_kernel<BN>,
-                                                                 kNarrowThreads, smem));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    n = per_sm * sms;
-  }
-  TORCH_CHECK(n > 0, "fp8_gemm_sm90_narrow: no CTA of ", smem, " bytes of shared memory fits this GPU");
-  cache[{device, smem, multicast}] = n;
-  return n;
+// Checks the narrow kernel's tile width.
+void check_block_n(int64_t block_n, const char* op) {
+  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128, op, ": block_n must be 32, 64 or 128, got ",
+              block_n);
 }
 
 // The most ring slots of BN-wide tiles that fit (at most kNarrowMaxStages).
@@ -975,11 +975,11 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, m, kb, sa.stride(1) * 4,
                                         kNarrowBM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
   const int smem = narrow_smem_bytes(BN, stages);
-  const int grid = static_cast<int>(std::min<int64_t>(units, narrow_fit<BN>(smem, multicast)));
+  const void* kernel = reinterpret_cast<const void*>(fp8_gemm_sm90_narrow_kernel<BN>);
+  const int fit = fit_at_once(kernel, kNarrowThreads, smem, multicast, "fp8_gemm_sm90_narrow");
+  const int grid = static_cast<int>(std::min<int64_t>(units, fit));
   cudaLaunchAttribute attr[1];
-  cudaLaunchConfig_t cfg = launch_config(grid, smem, attr);  // grid clusters of 2
-  cfg.blockDim = dim3(kNarrowThreads);
-  if (!multicast) cfg.gridDim = dim3(grid), cfg.numAttrs = 0;
+  cudaLaunchConfig_t cfg = launch_config(grid, smem, attr, kNarrowThreads, multicast);
   cfg.stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_narrow_kernel<BN>, map_a, map_b, map_sa, p));
 }
@@ -987,8 +987,7 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
 void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                           at::Tensor& out, int64_t block_n, int64_t stages, bool multicast) {
   check_common(a, sa, b, sb, out, 1, 0, 2);
-  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128,
-              "fp8_gemm_sm90_narrow: block_n must be 32, 64 or 128, got ", block_n);
+  check_block_n(block_n, "fp8_gemm_sm90_narrow");
   TORCH_CHECK((a.size(1) + kBK - 1) / kBK * 4 <= kNarrowSBBytes, "fp8_gemm_sm90_narrow: K = ", a.size(1),
               " is over ", kNarrowSBBytes / 4 * kBK, " (the tile's B-scale row is staged in shared memory)");
   const int most = narrow_max_stages(static_cast<int>(block_n));
@@ -1009,8 +1008,7 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
 
 // The ring slots fp8_gemm_sm90_narrow takes with stages = 0 for this block_n.
 int64_t fp8_gemm_sm90_narrow_stages(int64_t block_n) {
-  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128,
-              "fp8_gemm_sm90_narrow_stages: block_n must be 32, 64 or 128, got ", block_n);
+  check_block_n(block_n, "fp8_gemm_sm90_narrow_stages");
   return narrow_max_stages(static_cast<int>(block_n));
 }
 
