@@ -542,18 +542,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 // tiles (BN 32, 64 or 128) persistently: thread 0 of warpgroup 1 issues the TMA loads of A [64, 128],
 // B [BN, 128] and the A-row scales into a ring of `stages` slots; warpgroup 0 is the one consumer: per
 // K block one fresh m64nBNk32 chain (4 x k32), promoted as the wide kernel does (acc = fma(part,
-// sa * sb, acc)), so the outputs are the Triton kernel's bits. While the chain runs it loads the next
-// K block's B scale (from device memory, one float per block: a tile lies in one 128-column scale
-// block) and waits for the next slot. The epilogue stores bf16 pairs from the registers straight to
-// `out` (rows below M and columns below N only).
+// sa * sb, acc)), so the outputs are the Triton kernel's bits. Before a tile, the consumer copies its
+// B-scale row (one float per K block: a tile lies in one 128-column scale block) into shared memory;
+// while a chain runs it waits for the next slot and reads the next K block's scales. The epilogue
+// stores bf16 pairs from the registers straight to `out` (rows below M and columns below N only).
 // multicast: 2-CTA clusters on column tiles 2q and 2q + 1 of one row tile; each CTA loads one half of
 // the A tile's rows and multicasts it into both, so A is read from the L2 once per two tiles. A slot
 // is then free once both CTAs' consumers released it. Without: one CTA per tile unit, its ring its own.
 constexpr int kNarrowBM = 64, kNarrowThreads = 256;
 constexpr int kNarrowABytes = kNarrowBM * kBK;  // 8 KB
 constexpr int kNarrowSABytes = kNarrowBM * 4;   // 256 B
-
-constexpr int kNarrowSBBytes = 4096;           // the tile's B-scale row: K up to 1024 blocks
+constexpr int kNarrowSBBytes = 4096;            // the tile's B-scale row: K up to 1024 blocks
 
 // Offsets: the A ring, the B ring, the A-scale ring, the B-scale row, then full and empty barriers.
 __host__ __device__ constexpr int narrow_off_b(int stages) { return stages * kNarrowABytes; }
