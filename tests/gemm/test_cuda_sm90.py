@@ -192,8 +192,8 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
         assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) == (
             f"M={rows} outside {G.NARROW_MIN_ROWS}..{G.SWAP_MAX_ROWS}")
     assert G.narrow_refusal(a, sa.contiguous(), b, sb, out).startswith("needs A's scales column-major")
-    huge = torch.empty(m, G.CLUSTER_MAX_K + 128, dtype=torch.float8_e4m3fn)
-    assert G.narrow_refusal(huge, sa, b, sb, out) == f"K={G.CLUSTER_MAX_K + 128} > {G.CLUSTER_MAX_K}"
+    huge = torch.empty(m, G.NARROW_MAX_K + 128, dtype=torch.float8_e4m3fn)
+    assert G.narrow_refusal(huge, sa, b, sb, out) == f"K={G.NARROW_MAX_K + 128} > {G.NARROW_MAX_K}"
     assert G.narrow_refusal(a, sa, b, sb, out, packed_a=True) == "needs FP32 scales, B's per 128x128 block"
     assert G.narrow_refusal(a, sa, b, sb, torch.empty(m, n + 4, dtype=torch.bfloat16)[:, :n]) == (
         "needs out's start and row stride 16-byte aligned")
@@ -342,8 +342,8 @@ def test_narrow_graph_replay_and_bad_arguments():
             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
     with pytest.raises(RuntimeError, match="sa must be column-major"):
         _ext.fp8_gemm_sm90_narrow(a, sa.contiguous(), b, sb, out)
-    big = _ops(1, 128, 1025 * 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB
-    with pytest.raises(RuntimeError, match="is over 131072"):
+    big = _ops(1, 128, G.NARROW_MAX_K + 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB
+    with pytest.raises(RuntimeError, match=f"is over {G.NARROW_MAX_K} "):  # the dispatch's limit is the op's
         _ext.fp8_gemm_sm90_narrow(*big, torch.empty(1, 128, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(RuntimeError, match="block_n must be 32, 64 or 128"):
         _ext.fp8_gemm_sm90_narrow_stages(96)

@@ -563,13 +563,13 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # one consumer warpgroup, a deep ring; the same products and promotion as the Triton kernel, bit-identical,
 # unsplit). (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws 64x64
 # took 7.8 (0.90), 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the
-# swapped kernel splits 4 ways: 14.1 against 16.1 us on the H100 but 13.9 against 13.1 on the H200, whose
-# faster device memory leaves the L2 reads of A (whole K per narrow tile, a quarter per split) as the
-# limit; so split grids keep the swapped kernel. 16 and 128 rows were no faster than the swapped kernel
-# and sm90_ws, and 2-CTA clusters sharing A were slower everywhere (docs/perf.md, eighteenth #28 session).
+# swapped kernel splits 4 ways: 14.1 against 16.1-16.5 us on the H100 but 13.6 against 13.1 on the H200;
+# so split grids keep the swapped kernel. 16 rows were no faster than the swapped kernel, and 2-CTA
+# clusters sharing A were slower everywhere (docs/perf.md, eighteenth and nineteenth #28 sessions).
 USE_NARROW = True
 NARROW_MIN_ROWS = 33
 NARROW_BLOCK_N = 32
+NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
 
 
 def narrow_stages(k: int) -> int:
@@ -586,8 +586,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
         return "USE_NARROW is off"
     if not (NARROW_MIN_ROWS <= a.shape[0] <= SWAP_MAX_ROWS):
         return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{SWAP_MAX_ROWS}"
-    if a.shape[1] > CLUSTER_MAX_K:  # the tile's B-scale row is staged in shared memory, as the cluster kernel's
-        return f"K={a.shape[1]} > {CLUSTER_MAX_K}"
+    if a.shape[1] > NARROW_MAX_K:
+        return f"K={a.shape[1]} > {NARROW_MAX_K}"
     if not _ext.available():
         return f"the CUDA extension is absent: {_ext.unavailable_reason()}"
     if not _ext.has("fp8_gemm_sm90_narrow"):
