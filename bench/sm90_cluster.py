@@ -91,6 +91,18 @@ def measure(sets, oi, todo, reps, exact="cluster", ref=1):
     return {"us": {k: statistics.median(v) for k, v in times.items()}, "reps_us": times, "same": same}
 
 
+def extension_env(name, no_deepgemm):
+    """(DeepGEMM or None, the run's environment naming its DeepGEMM) for a bench of the CUDA extension's
+    kernels (this one and bench/sm90_narrow.py); a SystemExit naming `name` where the extension is not
+    built."""
+    if not _ext.available():
+        raise SystemExit(f"{name}: the extension is not built ({_ext.unavailable_reason()})")
+    dg, why = (None, "--no-deepgemm") if no_deepgemm else _deepgemm()
+    env = environment()
+    env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
+    return dg, env
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -102,12 +114,8 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
     args = ap.parse_args()
-    if not _ext.available():
-        raise SystemExit(f"sm90_cluster: the extension is not built ({_ext.unavailable_reason()})")
+    dg, env = extension_env("sm90_cluster", args.no_deepgemm)
     ceiling = fp8_gemm_tflops()
-    dg, why = (None, "--no-deepgemm") if args.no_deepgemm else _deepgemm()
-    env = environment()
-    env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
     # the clusters that fit at once (the grid when no cap is given), at the shortest and longest K
     env["clusters_fit"] = {k: _ext.fp8_gemm_sm90_clusters(k) for k in (512, 16384)}
     print(env)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import copy_bandwidth_gbs, dump, environment, fp8_gemm_tflops, operand_sets
-from bench.gemm import EXPERT_NK, _deepgemm, dense_call, dense_inputs, patched
-from bench.sm90_cluster import measure
+from bench.common import copy_bandwidth_gbs, dump, fp8_gemm_tflops, operand_sets
+from bench.gemm import EXPERT_NK, dense_call, dense_inputs, patched
+from bench.sm90_cluster import extension_env, measure
 from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
@@ -55,13 +55,9 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
     args = ap.parse_args()
-    if not _ext.available():
-        raise SystemExit(f"sm90_narrow: the extension is not built ({_ext.unavailable_reason()})")
+    dg, env = extension_env("sm90_narrow", args.no_deepgemm)
     ceiling = fp8_gemm_tflops()
     bandwidth = copy_bandwidth_gbs()
-    dg, why = (None, "--no-deepgemm") if args.no_deepgemm else _deepgemm()
-    env = environment()
-    env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
     env["narrow_stages"] = {bn: _ext.fp8_gemm_sm90_narrow_stages(bn) for bn in args.block_n}
     print(env)
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {bandwidth:.0f} GB/s", flush=True)

@@ -1,6 +1,7 @@
 """bench/sm90_cluster.py's host side: the reference is the Triton kernel unsplit (block_scaled's flags
 patched for it and restored), every variant is compared with it and timed each rep in turn, a cluster
-variant that differs stops the run, and the sm90_ws and dispatch variants run with USE_CLUSTER off and on. Timings come
+variant that differs stops the run, the sm90_ws and dispatch variants run with USE_CLUSTER off and on, and
+extension_env (shared with bench/sm90_narrow.py) names the bench and DeepGEMM. Timings come
 from the GPU."""
 
 import pytest
@@ -90,3 +91,17 @@ def test_the_narrow_bench_checks_its_variants_against_its_first(monkeypatch):
     todo.append(("narrow 64x64 s8 mc", lambda x, out: out.copy_(x - 1)))
     with pytest.raises(AssertionError, match="narrow 64x64 s8 mc differs from the Triton kernel"):
         C.measure(_sets(), 1, todo, reps=1, exact="narrow", ref=0)
+
+
+def test_extension_env_names_the_bench_without_the_extension_and_deepgemm_when_skipped(monkeypatch):
+    monkeypatch.setattr(C._ext, "available", lambda: False)
+    monkeypatch.setattr(C._ext, "unavailable_reason", lambda: "_C.so not built")
+    with pytest.raises(SystemExit, match=r"^sm90_narrow: the extension is not built \(_C.so not built\)$"):
+        C.extension_env("sm90_narrow", no_deepgemm=True)
+    monkeypatch.setattr(C._ext, "available", lambda: True)
+    monkeypatch.setattr(C, "environment", lambda: {"gpu": "stand-in"})  # environment() reads the GPU
+    monkeypatch.setattr(C, "_deepgemm", lambda: pytest.fail("looked for DeepGEMM under --no-deepgemm"))
+    dg, env = C.extension_env("sm90_cluster", no_deepgemm=True)
+    assert dg is None and env == {"gpu": "stand-in", "deep_gemm": "absent: --no-deepgemm"}
+    monkeypatch.setattr(C, "_deepgemm", lambda: (None, "not importable"))
+    assert C.extension_env("sm90_cluster", no_deepgemm=False)[1]["deep_gemm"] == "absent: not importable"
