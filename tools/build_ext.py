@@ -8,6 +8,10 @@ Archs default to deps/toolchains.toml's nvcc_archs of the CUDA toolchain whose C
 version matches nvcc (cuda13_0 for nvcc 13.0), each as its own -gencode (sm_90a, sm_100a
 and sm_120a need their own compute_XXa), plus PTX for the newest plain arch. The Bazel
 target //csrc:per_token_group_quant compiles the same sources with rules_cuda.
+
+The build fails when ptxas reports that it serialized a kernel's wgmmas or injected a wait
+on them (C7514, C7517 and kin): the kernel would still be correct, but its MMAs would no
+longer overlap, a slowdown no test sees. --allow-serialized-wgmma builds anyway.
 """
 
 from __future__ import annotations
@@ -130,12 +134,50 @@ def staged_sources():
         yield stage
 
 
-def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0) -> list[pathlib.Path]:
+# ptxas's notes that a kernel's wgmmas lost their asynchrony, e.g. "(C7514) Potential Performance Loss:
+# wgmma.mma_async instructions are serialized due to ..." and "(C7517) warpgroup.wait is injected ...".
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized|warpgroup\.wait is injected")
+_FUNCTION = re.compile(r"in (?:the )?function '([^']+)'")
+
+
+class SerializedWgmma(RuntimeError):
+    """ptxas serialized the wgmmas of some kernel (the build's output names them)."""
+
+
+def serialized_wgmma(log: str) -> list[str]:
+    """The kernels (mangled names, in order, each once) whose wgmmas ptxas serialized, from its output."""
+    names: list[str] = []
+    for line in log.splitlines():
+        if _SERIALIZED.search(line):
+            m = _FUNCTION.search(line)
+            name = m.group(1) if m else line.strip()
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _nvcc(cmd: list[str], cwd: pathlib.Path, allow_serialized: bool) -> None:
+    """Runs one nvcc compile, passing its output through; SerializedWgmma if ptxas serialized wgmmas."""
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    if res.returncode:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+    bad = serialized_wgmma(res.stdout + res.stderr)
+    if bad and not allow_serialized:
+        raise SerializedWgmma(
+            f"ptxas serialized the wgmmas of {len(bad)} kernel(s): {', '.join(bad)} (its notes above). Their MMAs "
+            "would no longer overlap; mend the kernel, or pass --allow-serialized-wgmma to build anyway")
+
+
+def build(archs: list[str], compile_only: pathlib.Path | None, jobs: int = 0,
+          allow_serialized: bool = False) -> list[pathlib.Path]:
     with staged_sources() as stage:
-        return _build(archs, compile_only, jobs, stage)
+        return _build(archs, compile_only, jobs, stage, allow_serialized)
 
 
-def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage: pathlib.Path) -> list[pathlib.Path]:
+def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage: pathlib.Path,
+           allow_serialized: bool) -> list[pathlib.Path]:
     exe = nvcc()
     cflags, ldflags = torch_flags()
     gen = gencode_flags(archs)
@@ -148,7 +190,7 @@ def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage
             obj = compile_only / (pathlib.Path(src).stem + ".o")
             cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj.resolve())]
             print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, cwd=stage, check=True)
+            _nvcc(cmd, stage, allow_serialized)
             outs.append(obj)
         return outs
     # Compile (parallel over archs), then link in a second step: nvcc --threads with
@@ -162,7 +204,7 @@ def _build(archs: list[str], compile_only: pathlib.Path | None, jobs: int, stage
         # --frandom-seed: cudafe++/cicc name internal entities with random ids otherwise
         cmd = [exe, *COMMON, *par, *gen, *cflags, "--frandom-seed", src, "-c", src, "-o", str(obj)]
         print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, cwd=stage, check=True)
+        _nvcc(cmd, stage, allow_serialized)
         objs.append(str(obj.relative_to(ROOT)))
     # Link with the host compiler (no -rdc, so no device link): nvcc's link step embeds the
     # nvlink command line, -L paths included, in the fatbin. -s drops the symbol table,
@@ -205,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-only", type=pathlib.Path, help="write objects to this folder; no link")
     ap.add_argument("--archs", help="comma-separated, e.g. sm_90a,sm_100a,sm_120a")
     ap.add_argument("--jobs", type=int, default=0)
+    ap.add_argument("--allow-serialized-wgmma", action="store_true",
+                    help="build even where ptxas serialized a kernel's wgmmas (C7514, C7517, ...)")
     ap.add_argument("--check-toolkit", metavar="TOOLCHAIN",
                     help="only check that the toolkit found (CUDA_PATH/bin/nvcc, else nvcc on PATH: what rules_cuda "
                          "takes) is TOOLCHAIN's CUDA version in deps/toolchains.toml")
@@ -215,7 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     for arch in archs:
         if not re.fullmatch(r"sm_\d+a?", arch):
             sys.exit(f"build_ext: --archs entry {arch!r} is not like sm_90a")
-    for p in build(archs, a.compile_only, a.jobs):
+    try:
+        built = build(archs, a.compile_only, a.jobs, a.allow_serialized_wgmma)
+    except SerializedWgmma as e:
+        print(f"build_ext: {e}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as e:
+        print(f"build_ext: {e.cmd[0]} exited with {e.returncode} (its output above)", file=sys.stderr)
+        return 1
+    for p in built:
         print(f"build_ext: wrote {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}")
     return 0
 
