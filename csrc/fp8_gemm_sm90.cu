@@ -152,6 +152,19 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, 
                : "memory");
 }
 
+// True in one lane of the warp (elect.sync; the warp must be converged). A producer branch taken by
+// `tid == 0` left ptxas unsure that one thread ran it, so each TMA issue sat in an ELECT loop with its
+// operands moved to uniform registers one by one; under elect_one the loop is gone (SASS, nvcc 13.0).
+// The narrow kernel's producer uses it. The cluster kernel's keeps `tid == 0`: with elect_one there,
+// one H100 run put its large dense shapes 2-4 % lower (DeepGEMM steady), not told apart from noise.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred;
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 r;\nelect.sync r|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(pred));
+  return pred != 0;
+}
+
 __device__ __forceinline__ void named_sync(uint32_t id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
@@ -271,6 +284,13 @@ __device__ __forceinline__ void mma_issue(float (&part)[R], uint32_t da, uint32_
 template <int R>
 __device__ __forceinline__ void mma_wait(float (&part)[R]) {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  fence_regs(part);
+}
+
+// Waits for all but the newest issued product: part (the one before it) is then complete.
+template <int R>
+__device__ __forceinline__ void mma_wait_prev(float (&part)[R]) {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
   fence_regs(part);
 }
 
@@ -539,12 +559,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // A dense call of few rows (M <= 128 or so) has few tiles: its time is its weights' bytes from device
 // memory and every tile's re-read of A from the L2, and what matters is how many bytes each SM keeps
 // in flight and how little each K block costs beyond its MMA. Each CTA (256 threads) runs 64 x BN
-// tiles (BN 32, 64 or 128) persistently: thread 0 of warpgroup 1 issues the TMA loads of A [64, 128],
+// tiles (BN 32, 64 or 128) persistently: one thread of warpgroup 1 issues the TMA loads of A [64, 128],
 // B [BN, 128] and the A-row scales into a ring of `stages` slots; warpgroup 0 is the one consumer: per
 // K block one fresh m64nBNk32 chain (4 x k32), promoted as the wide kernel does (acc = fma(part,
 // sa * sb, acc)), so the outputs are the Triton kernel's bits. Before a tile, the consumer copies its
-// B-scale row (one float per K block: a tile lies in one 128-column scale block) into shared memory;
-// while a chain runs it waits for the next slot and reads the next K block's scales. The epilogue
+// B-scale row (one float per K block: a tile lies in one 128-column scale block) into shared memory.
+// Two chains are in flight: once the next slot is full, the consumer issues the next K block's chain
+// into a second set of registers, reads its scales, and only then waits for this block's chain and
+// promotes it, so the tensor cores do not idle through a wait and a promotion. The epilogue
 // stores bf16 pairs from the registers straight to `out` (rows below M and columns below N only).
 // multicast: 2-CTA clusters on column tiles 2q and 2q + 1 of one row tile; each CTA loads one half of
 // the A tile's rows and multicasts it into both, so A is read from the L2 once per two tiles. A slot
@@ -606,7 +628,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
   cluster_sync();  // both CTAs' barriers exist before either multicasts into them
 
   if (wg == 1) {
-    if (tid == 0) {
+    if (__shfl_sync(0xffffffff, tid / 32, 0) == 0 && elect_one()) {
       prefetch_tensormaps(&map_a, &map_b, &map_sa);
       const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + kNarrowSABytes;
       const int half = p.a_box_rows / 2;
@@ -642,9 +664,40 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     const bool releases = p.multicast ? lane < 2 : lane == 0;
     const uint32_t empty_c0 = cluster_addr(empty0, p.multicast ? lane % 2 : rank);
     float acc[R];
-    float part[R];
+    float part0[R], part1[R];
     int s = 0;
     uint32_t phase = 0;
+    // K block kb's scales (sb, a0, a1), read when its slot is full.
+    float sb, a0, a1;
+    const auto read_scales = [&](int kb, int slot) {
+      const uint32_t sa = off_sa + slot * kNarrowSABytes + 4 * r0;
+      sb = lds_f32(sbuf + 4 * kb), a0 = lds_f32(sa), a1 = lds_f32(sa + 32);
+    };
+    const auto issue = [&](float(&d)[R], int slot) {
+      mma_issue(d, desc_a + slot * (kNarrowABytes >> 4), desc_b + slot * ((BN * kBK) >> 4));
+    };
+    // One K block, kb, whose product runs into cur (issued). Unless it is the tile's last block, the
+    // next block's product is issued into next before cur is waited for, so the tensor cores have it
+    // queued while cur is promoted. The promotion order is unchanged (acc = fma(part_kb, scale_kb,
+    // acc), kb ascending): the same bits. On every path exactly one product is in flight between
+    // steps, which ptxas needs to see to keep the wgmmas asynchronous.
+    const auto step = [&](float(&cur)[R], float(&next)[R], int kb, bool last) {
+      const int s1 = s + 1 == stages ? 0 : s + 1;
+      const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
+      const float s0 = a0 * sb, s1v = a1 * sb;
+      if (!last) {
+        mbar_wait(full0 + 8 * s1, ph1);
+        issue(next, s1);
+        read_scales(kb + 1, s1);
+        mma_wait_prev(cur);
+      } else {
+        mma_wait(cur);
+      }
+      __syncwarp();
+      if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
+      promote(acc, cur, s0, s1v);
+      s = s1, phase = ph1;
+    };
     for (int u = cid; u < p.units; u += ncl) {
       int tm, tn;
       narrow_coords(p, u, rank, tm, tn);
@@ -658,26 +711,21 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       for (int i = tid; i < p.kb; i += 128) sts_f32(sbuf + 4 * i, __ldg(sbrow + i * p.sb_stride_k));
       named_sync(1);
       mbar_wait(full0 + 8 * s, phase);
-      // K block kb's scales are read one block ahead (while the previous block's wgmmas run): read in
-      // the block's own iteration, ptxas put their products among its wgmmas, which then waited on
-      // shared memory (ncu, 2026-12-05).
-      float sb = lds_f32(sbuf), a0 = lds_f32(off_sa + s * kNarrowSABytes + 4 * r0);
-      float a1 = lds_f32(off_sa + s * kNarrowSABytes + 4 * r0 + 32);
-      for (int kb = 0; kb < p.kb; ++kb) {
-        const int s1 = s + 1 == stages ? 0 : s + 1;
-        const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
-        const float s0 = a0 * sb, s1v = a1 * sb;
-        mma_issue(part, desc_a + s * (kNarrowABytes >> 4), desc_b + s * ((BN * kBK) >> 4));
-        if (kb + 1 < p.kb) {
-          mbar_wait(full0 + 8 * s1, ph1);
-          const uint32_t sa = off_sa + s1 * kNarrowSABytes + 4 * r0;
-          sb = lds_f32(sbuf + 4 * (kb + 1)), a0 = lds_f32(sa), a1 = lds_f32(sa + 32);
-        }
-        mma_wait(part);
-        __syncwarp();
-        if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
-        promote(acc, part, s0, s1v);
-        s = s1, phase = ph1;
+      issue(part0, s);
+      // A block's scales are read while the block before it runs: read in the block's own iteration,
+      // ptxas put their products among its wgmmas, which then waited on shared memory (ncu, 2026-12-05).
+      read_scales(0, s);
+      // Unrolled by two, so that each product's registers are fixed at compile time.
+      int kb = 0;
+      for (; kb + 2 < p.kb; kb += 2) {
+        step(part0, part1, kb, false);
+        step(part1, part0, kb + 1, false);
+      }
+      if (kb + 1 < p.kb) {
+        step(part0, part1, kb, false);
+        step(part1, part0, kb + 1, true);
+      } else {
+        step(part0, part1, kb, true);
       }
       // Epilogue: this thread's rows r0 and r0 + 8, columns 8g + 2 (lane % 4) + {0, 1}.
 #pragma unroll
