@@ -92,7 +92,7 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=Fals
     ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from
     the other columns' call; "cluster 2x128x256" where the CUDA kernel with 2-CTA clusters runs
     the 128x256 tiles of a dense or contiguous call: cluster, block_scaled.cluster_refusal None),
-    "narrow 64xBN/sS" (the CUDA narrow kernel of a dense call of 33 to 64 rows: narrow,
+    "narrow 64xBN/sS" (the CUDA narrow kernel of a dense call of 33 to 128 rows: narrow,
     block_scaled.narrow_refusal None; S ring slots),
     "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton"
     (TMA / pointer); flags: the patched() values that take the kernel it replaces (the Triton kernels
@@ -101,7 +101,7 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=Fals
     rows = m if rows is None else rows
     sms = A.num_sms(0)
     if dense and narrow:  # beside it the Triton kernel unsplit: the same bits
-        return f"narrow 64x{G.NARROW_BLOCK_N}/s{G.narrow_stages(k)}", {
+        return f"narrow 64x{G.narrow_block_n(m)}/s{G.narrow_stages(k)}", {
             "USE_NARROW": False, "USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 1}
     if dense and refusal is None and G.ws_before_swap(m, n, k, torch.device("cuda", 0)):  # 64-row tiles first
         bm, bn = G.sm90_ws.tile_shape(m, n, sms)

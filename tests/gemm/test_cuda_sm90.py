@@ -188,9 +188,20 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     assert G.narrow_refusal(a, sa, b, sb, out) is None
     long_k = torch.empty(m, 7168, dtype=torch.float8_e4m3fn)  # (64, 4096, 7168): swapped, 4 K splits
     assert G.narrow_refusal(long_k, sa, b[:4096], sb, out) == "the swapped kernel splits K 4 ways"
-    for rows in (G.NARROW_MIN_ROWS - 1, G.SWAP_MAX_ROWS + 1):
-        assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) == (
-            f"M={rows} outside {G.NARROW_MIN_ROWS}..{G.SWAP_MAX_ROWS}")
+    rows = G.NARROW_MIN_ROWS - 1
+    assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) == (
+        f"M={rows} outside {G.NARROW_MIN_ROWS}..{G.NARROW_MAX_ROWS}")
+    a200, sa200 = torch.empty(200, 7168, dtype=torch.float8_e4m3fn), torch.empty(56, 200).t()
+    out200 = torch.empty(200, 4096, dtype=torch.bfloat16)
+    b4, sb4 = torch.empty(4096, 7168, dtype=torch.float8_e4m3fn), torch.empty(32, 56)
+    assert G.narrow_refusal(a200[:129], sa200[:129], b4, sb4, out200[:129]) == (
+        f"M=129 outside {G.NARROW_MIN_ROWS}..{G.NARROW_MAX_ROWS}")
+    assert G.narrow_refusal(a200[:128], sa200[:128], b4, sb4, out200[:128]) is None  # 2 x 64 tiles
+    # (128, 1024, 7168): 32 tiles, which sm90_ws splits 4 ways to fill the GPU; each narrow tile reads all of K
+    assert G.narrow_refusal(a200[:128], sa200[:128], b4[:1024], sb4[:8], out200[:128, :1024]) == (
+        "sm90_ws splits K 4 ways")
+    assert G.narrow_refusal(a80, sa80, b, sb, out80) == "224 tiles of 64x64 over 132 SMs"  # (80, 7168, 2048)
+    assert [G.narrow_block_n(r) for r in (33, 64, 65, 128)] == [32, 32, 64, 64]
     assert G.narrow_refusal(a, sa.contiguous(), b, sb, out).startswith("needs A's scales column-major")
     huge = torch.empty(m, G.NARROW_MAX_K + 128, dtype=torch.float8_e4m3fn)
     assert G.narrow_refusal(huge, sa, b, sb, out) == f"K={G.NARROW_MAX_K + 128} > {G.NARROW_MAX_K}"
@@ -210,8 +221,9 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
 
 @pytest.mark.gpu_sm90
 @needs_ext
-@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640)])
-def test_dispatch_takes_the_narrow_kernel_for_33_to_64_rows(monkeypatch, m, n, k):
+@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
+                                   (100, 1000, 384)])
+def test_dispatch_takes_the_narrow_kernel_for_33_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []
     real = G._ext.fp8_gemm_sm90_narrow
@@ -223,7 +235,7 @@ def test_dispatch_takes_the_narrow_kernel_for_33_to_64_rows(monkeypatch, m, n, k
     monkeypatch.setattr(G._ext, "fp8_gemm_sm90_narrow", spy)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     G.fp8_gemm_nt(a, sa, b, sb, out=out)
-    assert calls == [((m, k), G.NARROW_BLOCK_N, G.narrow_stages(k))]
+    assert calls == [((m, k), G.narrow_block_n(m), G.narrow_stages(k))]
     assert_bits_equal(out, _triton(monkeypatch, a, sa, b, sb), f"({m}, {n}, {k})")
     with monkeypatch.context() as mp:  # off: the kernel it replaced (swapped or sm90_ws), not it
         mp.setattr(G, "USE_NARROW", False)

@@ -36,7 +36,7 @@ def test_forced_split_matches_the_oracle_and_the_unsplit_kernel(monkeypatch, dev
     a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
     b, sb = B.quantize_weight_blocks(w)
     monkeypatch.setattr(G, "USE_WS", False)
-    monkeypatch.setattr(G, "USE_NARROW", False)  # on SM90 it takes 33-64 rows, unsplit
+    monkeypatch.setattr(G, "USE_NARROW", False)  # on SM90 it takes 33-128 rows, unsplit
     whole = G.fp8_gemm_nt(a, sa, b, sb, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device))
     monkeypatch.setattr(G, "FORCE_SPLIT_K", splits)
     outs = [G.fp8_gemm_nt(a, sa, b, sb, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device))
@@ -68,7 +68,7 @@ def test_pdl_only_where_a_gpu_can_run_it(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,flags", [
     (64, 4096, 7168, {"FORCE_SPLIT_K": 4, "USE_NARROW": False}),  # the swapped kernel
-    (128, 4096, 7168, {}),  # on the H200 sm90_ws 128x64 tiles, 2 splits; elsewhere the dispatch's own
+    (128, 4096, 7168, {"USE_NARROW": False}),  # on the H200 sm90_ws 128x64 tiles, 2 splits; elsewhere its own
     (128, 1024, 7168, {"USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 3}),  # the TMA kernel
 ])
 def test_pdl_split_reduction_replayed_in_a_cuda_graph(monkeypatch, m, n, k, flags):

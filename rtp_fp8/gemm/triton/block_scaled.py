@@ -558,18 +558,27 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
     return True
 
 
-# Dense calls of NARROW_MIN_ROWS..SWAP_MAX_ROWS rows on SM90 whose swapped-kernel grid would not split K run
-# the CUDA narrow kernel when the extension is built (csrc/fp8_gemm_sm90.cu: 64 x NARROW_BLOCK_N tiles,
-# one consumer warpgroup, a deep ring; the same products and promotion as the Triton kernel, bit-identical,
-# unsplit). (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws 64x64
-# took 7.8 (0.90), 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the
-# swapped kernel splits 4 ways: 14.1 against 16.1-16.5 us on the H100 but 13.6 against 13.1 on the H200;
-# so split grids keep the swapped kernel. 16 rows were no faster than the swapped kernel, and 2-CTA
-# clusters sharing A were slower everywhere (docs/perf.md, eighteenth and nineteenth #28 sessions).
+# Dense calls of NARROW_MIN_ROWS..NARROW_MAX_ROWS rows on SM90 run the CUDA narrow kernel when the extension
+# is built (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same
+# products and promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows where the
+# swapped kernel would not split K, above in 64x64 tiles that fill at most one wave and that sm90_ws would
+# not split either. (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws
+# 64x64 took 7.8 (0.90), 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the
+# swapped kernel splits 4 ways: 14.1 against 16.1-16.5 us on the H100 but 13.6 against 13.1 on the H200; so
+# split grids keep the swapped kernel. (128, 4096, 7168)'s 128 tiles: 15.0 us against sm90_ws 64x64's 15.3
+# on the H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in flight); (128, 7168,
+# 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 16 rows were no faster than the swapped kernel, and 2-CTA
+# clusters sharing A were slower everywhere (docs/perf.md, eighteenth to twentieth #28 sessions).
 USE_NARROW = True
 NARROW_MIN_ROWS = 33
-NARROW_BLOCK_N = 32
+NARROW_MAX_ROWS = 128
+NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above
 NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
+
+
+def narrow_block_n(m: int) -> int:
+    """The narrow kernel's tile width for M rows."""
+    return NARROW_BLOCK_N if m <= SWAP_MAX_ROWS else 64
 
 
 def narrow_stages(k: int) -> int:
@@ -584,8 +593,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     the Triton kernels take it then)."""
     if not USE_NARROW:
         return "USE_NARROW is off"
-    if not (NARROW_MIN_ROWS <= a.shape[0] <= SWAP_MAX_ROWS):
-        return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{SWAP_MAX_ROWS}"
+    if not (NARROW_MIN_ROWS <= a.shape[0] <= NARROW_MAX_ROWS):
+        return f"M={a.shape[0]} outside {NARROW_MIN_ROWS}..{NARROW_MAX_ROWS}"
     if a.shape[1] > NARROW_MAX_K:
         return f"K={a.shape[1]} > {NARROW_MAX_K}"
     if not _ext.available():
@@ -600,9 +609,15 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     if out.data_ptr() % 16 or (out.stride(0) * out.element_size()) % 16:
         return "needs out's start and row stride 16-byte aligned"
     m, k = a.shape
-    splits = swap_config(m, b.shape[0], k, m, A.num_sms(a.device.index or 0))[3]
-    if splits > 1:  # each split's CTA reads a quarter of A's K; each narrow tile all of it
-        return f"the swapped kernel splits K {splits} ways"
+    n, sms = b.shape[0], A.num_sms(a.device.index or 0)
+    if m <= SWAP_MAX_ROWS:
+        splits = swap_config(m, n, k, m, sms)[3]
+        if splits > 1:  # each split's CTA reads a quarter of A's K; each narrow tile all of it
+            return f"the swapped kernel splits K {splits} ways"
+    elif cdiv(m, 64) * cdiv(n, 64) > sms:
+        return f"{cdiv(m, 64) * cdiv(n, 64)} tiles of 64x64 over {sms} SMs"
+    elif (ws := sm90_ws.grid(m, n, k, sms)[3]) > 1:  # too few tiles: sm90_ws's K splits fill the GPU
+        return f"sm90_ws splits K {ws} ways"
     return sm90_ws.operand_refusal(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div)
 
 
@@ -840,7 +855,7 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     if m == 0 or n == 0:
         return out
     if narrow_refusal(a, sa, b, sb, out, packed_a, sb_div) is None:
-        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, NARROW_BLOCK_N, narrow_stages(k))
+        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, narrow_block_n(m), narrow_stages(k))
         return out
     if ws_before_swap(m, n, k, a.device) and _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):
         return out
