@@ -536,7 +536,7 @@ def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
     every = {(mode, bm, bn): None for mode in (0, 1, 2) for bm in (W.HALF_BM, W.BM) for bn in (64, 128)}
     monkeypatch.setattr(W, "SB_STAGE_TILES", every | W.SB_STAGE_TILES)
     monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
-    monkeypatch.setattr(G, "USE_NARROW", False)  # it takes (128, 1024, 7168) first
+    monkeypatch.setattr(G, "USE_NARROW", False)  # these calls are sm90_ws's whatever the narrow rule takes
     descriptors = W._descriptors
     monkeypatch.setattr(W, "_descriptors", lambda *args: staged.append(args[-1]) or descriptors(*args))
     for m, n, k in [(128, 1024, 7168), (128, 7168, 2048), (200, 4096, 3200)]:
