@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 
 
@@ -48,7 +50,10 @@ def gemm_section(d: dict, path: str) -> str:
         tri = f"{r['triton_tflops']:.0f}" if "triton_tflops" in r else "-"
         if "vs_triton" in r:
             tri += f" ({r['vs_triton']})"
-        extra = (f" {r['dg_tflops']:.0f} | {r['ours_over_dg']:.2f} | {r['same']} |" if "dg_tflops" in r
+        dgt = f"{r['dg_tflops']:.0f}" if "dg_tflops" in r else ""
+        if isinstance(r.get("dg_pdl_tflops"), float):  # DeepGEMM also timed with set_pdl(True)
+            dgt += f" / {r['dg_pdl_tflops']:.0f} pdl"
+        extra = (f" {dgt} | {r['ours_over_dg']:.2f} | {r['same']} |" if "dg_tflops" in r
                  else " - | - | - |") if dg else ""
         return (f"| {r['kind']} | {tuple(r['shape'])} | {_cell(r.get('kernel', 'triton'))} | {r['ms']:.3f} | "
                 f"{r['tflops']:.0f} | {r['ratio']:.2f} | {eager} | {tri} |{extra}")
@@ -67,6 +72,9 @@ def gemm_section(d: dict, path: str) -> str:
         dg_text = (f"\nDeepGEMM {env.get('deep_gemm')} (built from the archive pinned in deps/toolchains.toml) ran "
                    "on the same operands in the same run; \"same output\" is `bit` where both outputs are "
                    "bit-identical (masked: on the rows below masked_m, the rest being unspecified). "
+                   + ("Where ours was launched as a programmatic dependent (`narrow`, `swap`: block_scaled.USE_PDL), "
+                      "DeepGEMM was timed that way too (deep_gemm.set_pdl, \"pdl\") and the ratio is to its faster "
+                      "launch. " if any("dg_pdl_tflops" in r for r in d["results"]) else "") +
                    f"Geomean ours / DeepGEMM over {len(ratios)} shapes: **{geo:.3f}**. Masked shapes: "
                    "M = expected_m = masked_m rows per expert, capacity "
                    f"{'max(2 * expected_m, 128)' if 'copy_gbs' in d else '2 * expected_m'}.\n")
@@ -78,6 +86,7 @@ def gemm_section(d: dict, path: str) -> str:
                 "each call finds its weights in device memory, as a model's layers do. Runs before 2026-12-04k "
                 "timed one set over and over, so a small shape's weights stayed in the 50 MB L2.\n"
                 if rotated else "")
+    mem_text = ""  # a run without dense rows of M <= 64 (bench/gemm.py on a subset) has no such table
     if mem:
         mem_rows = "\n".join(f"| {tuple(r['shape'])} | {_cell(r['kernel'])} | {r['ms'] * 1e3:.1f} | "
                              f"{r['mem_limit_us']:.1f} | {r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |"
@@ -160,7 +169,13 @@ parts timed alone {ex['sum_parts_us']:.0f} us.
 {silu}"""
 
 
-def main(paths: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="Render docs/perf.md's tables from bench JSON files.")
+    ap.add_argument("paths", nargs="+", metavar="run.json", help="a bench/*.py --out file")
+    paths = ap.parse_args(argv).paths
+    for p in paths:
+        if not os.path.isfile(p):
+            ap.error(f"run.json: no such file: {p}")
     out = ["# Performance (measured on the lent GPU: each section names its card)\n",
            "Medians (`triton.testing.do_bench` / `do_bench_cudagraph`) from one run each, beside\n"
            "the ceiling measured in the same run. Rendered by `bench/report.py` from the JSON files\n"
