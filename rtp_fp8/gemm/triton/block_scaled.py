@@ -614,8 +614,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
         splits = swap_config(m, n, k, m, sms)[3]
         if splits > 1:  # each split's CTA reads a quarter of A's K; each narrow tile all of it
             return f"the swapped kernel splits K {splits} ways"
-    elif cdiv(m, 64) * cdiv(n, 64) > sms:
-        return f"{cdiv(m, 64) * cdiv(n, 64)} tiles of 64x64 over {sms} SMs"
+    elif (tiles := cdiv(m, 64) * cdiv(n, 64)) > sms:
+        return f"{tiles} tiles of 64x64 over {sms} SMs"
     elif (ws := sm90_ws.grid(m, n, k, sms)[3]) > 1:  # too few tiles: sm90_ws's K splits fill the GPU
         return f"sm90_ws splits K {ws} ways"
     return sm90_ws.operand_refusal(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div)
