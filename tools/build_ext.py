@@ -157,13 +157,18 @@ def serialized_wgmma(log: str) -> list[str]:
 
 
 def _nvcc(cmd: list[str], cwd: pathlib.Path, allow_serialized: bool) -> None:
-    """Runs one nvcc compile, passing its output through; SerializedWgmma if ptxas serialized wgmmas."""
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    sys.stdout.write(res.stdout)
-    sys.stderr.write(res.stderr)
-    if res.returncode:
-        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
-    bad = serialized_wgmma(res.stdout + res.stderr)
+    """Runs one nvcc compile, its output (stdout and stderr as one stream) passed through to stderr line by
+    line as it comes (a compile takes minutes); SerializedWgmma if ptxas serialized wgmmas."""
+    lines = []
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            lines.append(line)
+    text = "".join(lines)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, text)
+    bad = serialized_wgmma(text)
     if bad and not allow_serialized:
         raise SerializedWgmma(
             f"ptxas serialized the wgmmas of {len(bad)} kernel(s): {', '.join(bad)} (its notes above). Their MMAs "
