@@ -281,9 +281,12 @@ def _fp8_gemm_swap_kernel(
     rows past masked_m read the next expert's rows and are not stored). Each 128-K step promotes
     with scale_a x scale_b as the other kernels do. PDL (dense splits, one wave of programs): the
     split reduction, launched dependent on this kernel, may start launching at once; it waits for
-    this grid to finish before it reads a partial."""
+    this grid to finish before it reads a partial. Launched so, this kernel is itself a programmatic
+    dependent of the stream's previous kernel and may start before that one completes: it waits for
+    it (griddepcontrol.wait) before it reads A, a scale or masked_m, or writes d."""
     if PDL:
         gdc_launch_dependents()
+        gdc_wait()
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_n = pid % tiles_n
