@@ -63,8 +63,17 @@ def _beside(r, flops, call_dg, sets, oi, rows=None):
     out.fill_(float("nan"))  # what DeepGEMM does not write cannot pass for ours
     ms = rotated_ms(call_dg, sets)
     r["dg_tflops"] = flops / (ms * 1e-3) / 1e12
-    r["ours_over_dg"] = r["tflops"] / r["dg_tflops"]
     r["same"] = _same(ours, out, rows)
+    # and launched as programmatic dependents of the call before (deep_gemm.set_pdl, off by default):
+    # the ratio is to the faster of the two
+    try:
+        with D.pdl_launches():
+            ms_pdl = rotated_ms(call_dg, sets)
+        r["dg_pdl_tflops"] = flops / (ms_pdl * 1e-3) / 1e12
+    except RuntimeError as exc:
+        r["dg_pdl_tflops"] = f"not run: {exc}"
+    best = max(v for v in (r["dg_tflops"], r.get("dg_pdl_tflops")) if isinstance(v, float))
+    r["ours_over_dg"] = r["tflops"] / best
     return r
 
 
@@ -241,6 +250,8 @@ def _line(r):
     tri = f"{r['triton_tflops']:7.0f}" if "triton_tflops" in r else f"{'-':>7s}"
     dgc = (f"{r['dg_tflops']:7.0f} {r['ours_over_dg']:7.2f} {r['same']:>7s}" if "dg_tflops" in r
            else f"{'-':>7s} {'-':>7s} {'-':>7s}")
+    if isinstance(r.get("dg_pdl_tflops"), float):
+        dgc += f" (dg pdl {r['dg_pdl_tflops']:.0f})"
     mem = (f" mem x{r['over_mem_limit']:.2f} (copy same bytes {r['copy_same_bytes_us']:.1f} us)"
            if "over_mem_limit" in r else "")
     return (f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>19s} {r['ms']:8.3f} {r['tflops']:8.0f} "

@@ -7,10 +7,11 @@ decode rows).
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
 (bench.common.operand_sets), so each call reads its weights from device memory. Each rep times the
-dispatch (as shipped) and with block_scaled.USE_NARROW off, the narrow kernel at each --block-n,
---stages (0: as many slots as fit, recorded under env.narrow_stages) and --multicast setting, and
-DeepGEMM when it runs here; medians over reps of each rep's CUDA-graph median. The narrow kernel's
-output on set 0 must equal the Triton kernel's (unsplit) bit for bit (an AssertionError otherwise).
+dispatch (as shipped), with block_scaled.USE_PDL off and with USE_NARROW off, the narrow kernel at
+each --block-n, --stages (0: as many slots as fit, recorded under env.narrow_stages) and --multicast
+setting, and DeepGEMM when it runs here, plainly and with deep_gemm.set_pdl(True); medians
+over reps of each rep's CUDA-graph median. The narrow kernel's output on set 0 must equal the Triton
+kernel's (unsplit) bit for bit (an AssertionError otherwise).
 Beside the times: the memory-bound limit, the weight's bytes at the copy bandwidth measured in the
 same run.
 """
@@ -28,20 +29,31 @@ from rtp_fp8.gemm import deepgemm as D
 
 
 def variants(block_ns, stages, dg, multicast=(False, True)):
-    """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, the dispatch with USE_NARROW off, the
-    narrow kernel per block_n, stages ("narrow 64x64 s8"; s0: as many as fit) and multicast setting
-    (" mc": 2-CTA clusters sharing A), DeepGEMM."""
+    """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, with programmatic dependent launches off
+    (block_scaled.USE_PDL), with USE_NARROW off, the narrow kernel per block_n, stages ("narrow 64x64
+    s8"; s0: as many as fit) and multicast setting (" mc": 2-CTA clusters sharing A), DeepGEMM plainly
+    and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
 
     def without(*ops):  # the kernel the narrow kernel replaces (the swapped kernel or sm90_ws)
         with patched(USE_NARROW=False):
             dense_call(*ops)
 
-    out = [("dispatch", dense_call), ("without narrow", without)]
+    def no_pdl(*ops):
+        with patched(USE_PDL=False):
+            dense_call(*ops)
+
+    out = [("dispatch", dense_call), ("dispatch no pdl", no_pdl), ("without narrow", without)]
     out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}", lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc:
              _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st, mc))
             for bn in block_ns for st in stages for mc in multicast if st <= _ext.fp8_gemm_sm90_narrow_stages(bn)]
     if dg is not None:
         out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
+
+        def dg_pdl(a, sa, b, sb, o):
+            with D.pdl_launches(dg):
+                D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)
+
+        out.append(("deepgemm pdl", dg_pdl))
     return out
 
 

@@ -182,6 +182,22 @@ def _dg(caps: Capabilities | None):
     return caps.module, caps
 
 
+@contextlib.contextmanager
+def pdl_launches(caps: Capabilities | None = None):
+    """DeepGEMM's kernels launched as programmatic dependents of the stream's previous kernel within the
+    block (deep_gemm.set_pdl(True); off by default in 2.6.1), its setting restored after; a RuntimeError
+    where this DeepGEMM has no set_pdl. For timing it as it is best launched beside ours."""
+    dg, _ = _dg(caps)
+    if not (hasattr(dg, "set_pdl") and hasattr(dg, "get_pdl")):
+        raise RuntimeError("this DeepGEMM has no set_pdl")
+    before = dg.get_pdl()
+    dg.set_pdl(True)
+    try:
+        yield
+    finally:
+        dg.set_pdl(before)
+
+
 def disable_ue8m0_cast(arch: A.Arch) -> bool:
     """DeepGEMM's flag from the Arch's scale format: FP32 scales must not be cast to UE8M0."""
     return arch.scale_format != "ue8m0"
