@@ -91,7 +91,7 @@ def fake_deep_gemm(version="2.6.1", drop=(), legacy_masked=False, theo_args=1, n
     m = types.ModuleType("deep_gemm")
     m.__version__ = version
     m.calls = []
-    state = {"align": 128}
+    state = {"align": 128, "pdl": False}
 
     def rec(name):
         return lambda *a, **kw: m.calls.append((name, a, kw))
@@ -108,6 +108,8 @@ def fake_deep_gemm(version="2.6.1", drop=(), legacy_masked=False, theo_args=1, n
         setattr(m, name, _pybind(name, sig, rec(name)))
     m.get_mk_alignment_for_contiguous_layout = lambda: state["align"]
     m.set_mk_alignment_for_contiguous_layout = lambda v: state.__setitem__("align", v)
+    m.get_pdl = lambda: state["pdl"]
+    m.set_pdl = lambda v: state.__setitem__("pdl", v)
     m.transform_sf_into_required_layout = rec("transform_sf_into_required_layout")
     if theo_args == 2:
         m.get_theoretical_mk_alignment_for_contiguous_layout = _pybind(

@@ -97,6 +97,26 @@ def test_mk_alignment_restores_after_body_raises():
     assert m.state["align"] == 128
 
 
+def test_pdl_launches_sets_and_restores_even_when_the_body_raises():
+    m = fake()
+    caps = D.probe(m)
+    with D.pdl_launches(caps):
+        assert m.get_pdl() is True
+    assert m.state["pdl"] is False
+    with pytest.raises(KeyError):
+        with D.pdl_launches(caps):
+            raise KeyError("injected")
+    assert m.state["pdl"] is False
+
+
+def test_pdl_launches_refuses_a_deepgemm_without_set_pdl():
+    m = fake(drop=("set_pdl",))
+    with pytest.raises(RuntimeError, match="has no set_pdl"):
+        with D.pdl_launches(D.probe(m)):
+            pytest.fail("the body ran")
+    assert m.state["pdl"] is False
+
+
 def test_mk_alignment_restores_after_set_raises_and_checks_read_back():
     m = fake()
     caps = D.probe(m)

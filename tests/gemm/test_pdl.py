@@ -6,9 +6,7 @@ over an older operand set. The GEMM must read the new operands (not the old set 
 loaded before waiting) and must not write `out` before the writer read it: its output must be the bits
 of a plain launch on the new operands. The decode calls launched plainly (the unsplit swapped kernel,
 the narrow kernel, the masked swapped kernel) run the same check, so that a launch made programmatic
-later without its wait fails here.
-
-"""
+later without its wait fails here."""
 
 import pytest
 import torch
@@ -101,8 +99,8 @@ def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, ker
         stale = G.fp8_gemm_nt(*old)
     assert not torch.equal(plain, stale)  # the old set would show
     if kernel == "narrow":
-        if G.narrow_refusal(*new, plain) is not None:
-            pytest.skip(f"the narrow kernel does not run here: {G.narrow_refusal(*new, plain)}")
+        if (why := G.narrow_refusal(*new, plain)) is not None:
+            pytest.skip(f"the narrow kernel does not run here: {why}")
     else:
         assert m <= G.SWAP_MAX_ROWS and G.USE_SWAP and G._pdl_args(plain.device, True)
     assert_bits_equal(G.fp8_gemm_nt(*new), plain, "a dependent launch")  # and its kernels compiled before the race

@@ -1,5 +1,5 @@
-"""bench/report.py: a missing file is refused by name (exit 2, no traceback); a gemm run whose decode
-rows timed DeepGEMM with set_pdl too shows both DeepGEMM times and says the ratio is to the faster,
+"""bench/report.py: a missing file is refused by name (exit 2, no traceback); a gemm run whose rows
+timed DeepGEMM with set_pdl too shows both DeepGEMM times and says the ratio is to the faster,
 and a run without them says nothing of it; a run without memory-bound rows renders (it raised before)."""
 
 import json
