@@ -51,6 +51,18 @@ def quantized_weights(w: torch.Tensor, fmt: str):
     return b, sb
 
 
+def dense_operands(m, n, k, seed, e=None, device="cuda"):
+    """(a [M, K] with its 1x128 scales col_tma, b [N, K] (or [E, N, K]) with its 128x128 FP32 block scales):
+    fresh random BF16 activations and weights (the weights scaled by 1/sqrt(K)), quantized."""
+    from rtp_fp8.quant import block as B
+    from rtp_fp8.quant import token_group as T
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).to(device)
+    return (*T.per_token_group_quant(x, 128, scale_layout="col_tma"), *B.quantize_weight_blocks(w))
+
+
 def masked_operands(e, mmax, n, k, fmt, device, seed):
     """(a [E, Mmax, K], its scales in the per-expert layout the masked executor hands over, b, sb in
     fmt as quantized_weights): fresh random BF16 activations and weights, quantized."""

@@ -17,12 +17,10 @@ CPU: block_scaled.cluster_refusal's reasons and wide_tiles' grids.
 import pytest
 import torch
 
-from helpers import assert_bits_equal, rel_l2
+from helpers import assert_bits_equal, dense_operands, rel_l2
 from rtp_fp8 import _ext
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
-from rtp_fp8.quant import block as B
-from rtp_fp8.quant import token_group as T
 
 TOL = 5e-3
 
@@ -32,12 +30,7 @@ needs_ext = pytest.mark.skipif(not (torch.cuda.is_available() and _ext.available
 
 
 def _ops(m, n, k, seed, e=None):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-    w = (torch.randn(*((e,) if e else ()), n, k, generator=g) / k**0.5).to(torch.bfloat16).cuda()
-    a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
-    b, sb = B.quantize_weight_blocks(w)
-    return a, sa, b, sb
+    return dense_operands(m, n, k, seed, e)
 
 
 def _triton(monkeypatch, a, sa, b, sb):

@@ -13,10 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from helpers import assert_bits_equal, masked_operands
+from helpers import assert_bits_equal, dense_operands, masked_operands
 from rtp_fp8.gemm.triton import block_scaled as G
-from rtp_fp8.quant import block as B
-from rtp_fp8.quant import token_group as T
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and G.HAS_GDC),
@@ -60,13 +58,6 @@ def _carve(buf, tensors):
     return views
 
 
-def _operands(m, n, k, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
-    w = (torch.randn(n, k, generator=g) / k**0.5).to("cuda", torch.bfloat16)
-    return (*T.per_token_group_quant(x, 128, scale_layout="col_tma"), *B.quantize_weight_blocks(w))
-
-
 def _late_writes_then(call, old, new, out):
     """call(*views) launched right after a _late_writer that overwrites the views (holding `old`) with
     `new` and copies out away: what the writer found in out."""
@@ -91,7 +82,7 @@ def _late_writes_then(call, old, new, out):
     (128, 4096, 7168, "narrow"),
 ])
 def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, kernel):
-    old, new = _operands(m, n, k, seed=m + n), _operands(m, n, k, seed=m + n + 1)
+    old, new = dense_operands(m, n, k, seed=m + n), dense_operands(m, n, k, seed=m + n + 1)
     plain = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     with monkeypatch.context() as mp:
         mp.setattr(G, "USE_PDL", False)
