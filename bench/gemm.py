@@ -101,7 +101,7 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=Fals
     ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from
     the other columns' call; "cluster 2x128x256" where the CUDA kernel with 2-CTA clusters runs
     the 128x256 tiles of a dense or contiguous call: cluster, block_scaled.cluster_refusal None),
-    "narrow 64xBN/sS" (the CUDA narrow kernel of a dense call of 33 to 128 rows: narrow,
+    "narrow 64xBN/sS" (the CUDA narrow kernel of a dense call of 16 to 128 rows: narrow,
     block_scaled.narrow_refusal None; S ring slots),
     "swap TxBN/S" (the swapped decode kernel: token tile T, BN weight rows, S K splits) or "triton"
     (TMA / pointer); flags: the patched() values that take the kernel it replaces (the Triton kernels

@@ -179,8 +179,6 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     monkeypatch.setattr(G.A, "detect", lambda device: G.A.Arch(9, 0))
     monkeypatch.setattr(G.A, "num_sms", lambda index: 132)
     assert G.narrow_refusal(a, sa, b, sb, out) is None
-    long_k = torch.empty(m, 7168, dtype=torch.float8_e4m3fn)  # (64, 4096, 7168): swapped, 4 K splits
-    assert G.narrow_refusal(long_k, sa, b[:4096], sb, out) == "the swapped kernel splits K 4 ways"
     rows = G.NARROW_MIN_ROWS - 1
     assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) == (
         f"M={rows} outside {G.NARROW_MIN_ROWS}..{G.NARROW_MAX_ROWS}")
@@ -190,11 +188,20 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     assert G.narrow_refusal(a200[:129], sa200[:129], b4, sb4, out200[:129]) == (
         f"M=129 outside {G.NARROW_MIN_ROWS}..{G.NARROW_MAX_ROWS}")
     assert G.narrow_refusal(a200[:128], sa200[:128], b4, sb4, out200[:128]) is None  # 2 x 64 tiles
+    # (16-64, 4096, 7168): the swapped kernel would split K 4 ways; 128 tiles of 64x32 fill 128 of 132 SMs
+    for rows in (16, 32, 64):
+        assert G.swap_config(rows, 4096, 7168, rows, 132)[3] == 4
+        assert G.narrow_refusal(a200[:rows], sa200[:rows], b4, sb4, out200[:rows]) is None
+    # (64, 2048, 7168): 64 tiles, half the SMs, where the swapped kernel's splits spread the weight over all
+    splits = G.swap_config(64, 2048, 7168, 64, 132)[3]
+    assert splits > 1 and G.narrow_refusal(a200[:64], sa200[:64], b4[:2048], sb4[:16], out200[:64, :2048]) == (
+        f"the swapped kernel splits K {splits} ways and 64 tiles of 64x32 fill fewer than 0.875 of 132 SMs")
+    assert G.narrow_refusal(a200[:15], sa200[:15], b4, sb4, out200[:15]) == "M=15 outside 16..128"
     # (128, 1024, 7168): 32 tiles, which sm90_ws splits 4 ways to fill the GPU; each narrow tile reads all of K
     assert G.narrow_refusal(a200[:128], sa200[:128], b4[:1024], sb4[:8], out200[:128, :1024]) == (
         "sm90_ws splits K 4 ways")
     assert G.narrow_refusal(a80, sa80, b, sb, out80) == "224 tiles of 64x64 over 132 SMs"  # (80, 7168, 2048)
-    assert [G.narrow_block_n(r) for r in (33, 64, 65, 128)] == [32, 32, 64, 64]
+    assert [G.narrow_block_n(r) for r in (16, 33, 64, 65, 128)] == [32, 32, 32, 64, 64]
     assert G.narrow_refusal(a, sa.contiguous(), b, sb, out).startswith("needs A's scales column-major")
     huge = torch.empty(m, G.NARROW_MAX_K + 128, dtype=torch.float8_e4m3fn)
     assert G.narrow_refusal(huge, sa, b, sb, out) == f"K={G.NARROW_MAX_K + 128} > {G.NARROW_MAX_K}"
@@ -215,8 +222,9 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
 @pytest.mark.gpu_sm90
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
-                                   (100, 1000, 384)])
-def test_dispatch_takes_the_narrow_kernel_for_33_to_128_rows(monkeypatch, m, n, k):
+                                   (100, 1000, 384), (16, 7168, 2048), (20, 4096, 7168), (32, 4096, 7168),
+                                   (64, 4096, 7168)])
+def test_dispatch_takes_the_narrow_kernel_for_16_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []
     real = G._ext.fp8_gemm_sm90_narrow

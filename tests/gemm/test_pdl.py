@@ -77,7 +77,8 @@ def _late_writes_then(call, old, new, out):
 
 @pytest.mark.parametrize("m,n,k,kernel", [
     (1, 4096, 7168, "swap"),  # 4 K splits, then the split reduction
-    (16, 7168, 2048, "swap"),  # unsplit
+    (8, 7168, 2048, "swap"),  # unsplit
+    (32, 4096, 7168, "narrow"),  # where the swapped kernel would split K
     (64, 7168, 2048, "narrow"),
     (128, 4096, 7168, "narrow"),
 ])

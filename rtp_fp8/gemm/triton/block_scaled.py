@@ -563,20 +563,26 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 
 # Dense calls of NARROW_MIN_ROWS..NARROW_MAX_ROWS rows on SM90 run the CUDA narrow kernel when the extension
 # is built (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same
-# products and promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows where the
-# swapped kernel would not split K, above in 64x64 tiles that fill at most one wave and that sm90_ws would
-# not split either. (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws
-# 64x64 took 7.8 (0.90), 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the
-# swapped kernel splits 4 ways: 14.1 against 16.1-16.5 us on the H100 but 13.6 against 13.1 on the H200; so
-# split grids keep the swapped kernel. (128, 4096, 7168)'s 128 tiles: 15.0 us against sm90_ws 64x64's 15.3
-# on the H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in flight); (128, 7168,
-# 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 16 rows were no faster than the swapped kernel, and 2-CTA
-# clusters sharing A were slower everywhere (docs/perf.md, eighteenth to twentieth #28 sessions).
+# products and promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows in 64x32 tiles
+# where the swapped kernel would not split K, or where it would and those tiles fill at least NARROW_SPLIT_FILL
+# of the SMs; above in 64x64 tiles that fill at most one wave and that sm90_ws would not split either.
+# (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws 64x64 took 7.8 (0.90),
+# 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the swapped kernel splits 4 ways:
+# 14.1 against 16.1-16.5 us on the H100, 13.6 against 13.1 on the H200 before the twentieth session's two chains
+# in flight (which took 5-23 % off multi-tile 64x32 grids). The H100 of the twenty-third session
+# (bench/sm90_narrow.py, the ring depths below): 64x32 at (16, 4096, 7168) and (32, 4096, 7168), split 4 ways in
+# the swapped kernel, 13.4 and 13.6 against 14.2 and 14.9 us; at (16, 7168, 2048) and (32, 7168, 2048) 8.1 and
+# 8.2 against 8.4 and 8.6. Below 16 rows the A box's out-of-bounds rows cost (1 row: 15.2 against 13.5), so
+# 1-15 rows keep the swapped kernel. (128, 4096, 7168)'s 128 tiles: 15.0 us against sm90_ws 64x64's 15.3 on the
+# H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in flight); (128, 7168, 2048)'s 224
+# lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower everywhere (docs/perf.md, eighteenth
+# to twenty-third #28 sessions).
 USE_NARROW = True
-NARROW_MIN_ROWS = 33
+NARROW_MIN_ROWS = 16
 NARROW_MAX_ROWS = 128
 NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above
 NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
+NARROW_SPLIT_FILL = 0.875  # where the swapped kernel would split K: the share of SMs 64x32 tiles must fill
 
 
 def narrow_block_n(m: int) -> int:
@@ -615,8 +621,10 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     n, sms = b.shape[0], A.num_sms(a.device.index or 0)
     if m <= SWAP_MAX_ROWS:
         splits = swap_config(m, n, k, m, sms)[3]
-        if splits > 1:  # each split's CTA reads a quarter of A's K; each narrow tile all of it
-            return f"the swapped kernel splits K {splits} ways"
+        # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
+        if splits > 1 and (tiles := cdiv(n, narrow_block_n(m))) < NARROW_SPLIT_FILL * sms:
+            return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{narrow_block_n(m)} "
+                    f"fill fewer than {NARROW_SPLIT_FILL} of {sms} SMs")
     elif (tiles := cdiv(m, 64) * cdiv(n, 64)) > sms:
         return f"{tiles} tiles of 64x64 over {sms} SMs"
     elif (ws := sm90_ws.grid(m, n, k, sms)[3]) > 1:  # too few tiles: sm90_ws's K splits fill the GPU
