@@ -110,7 +110,8 @@ def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=Fals
     rows = m if rows is None else rows
     sms = A.num_sms(0)
     if dense and narrow:  # beside it the Triton kernel unsplit: the same bits
-        return f"narrow 64x{G.narrow_block_n(m)}/s{G.narrow_stages(k)}", {
+        bn = G.narrow_block_n(m, n, sms)
+        return f"narrow 64x{bn}/s{G.narrow_stages(k, bn)}", {
             "USE_NARROW": False, "USE_WS": False, "USE_SWAP": False, "FORCE_SPLIT_K": 1}
     if dense and refusal is None and G.ws_before_swap(m, n, k, torch.device("cuda", 0)):  # 64-row tiles first
         bm, bn = G.sm90_ws.tile_shape(m, n, sms)

@@ -245,6 +245,20 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint32_t da, uint32_t 
       : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
 }
 
+__device__ __forceinline__ void wgmma_k32(float (&d)[56], uint32_t da, uint32_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %58, 0;\n"
+      "mov.b64 da, {%56, %59};\nmov.b64 db, {%57, %59};\n"
+      "wgmma.mma_async.sync.aligned.m64n112k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55}, "
+      "da, db, p, 1, 1;\n}\n"
+      : RTP_F8(0), RTP_F8(8), RTP_F8(16), RTP_F8(24), RTP_F8(32), RTP_F8(40), RTP_F8(48)
+      : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
+}
+
 __device__ __forceinline__ void wgmma_k32(float (&d)[32], uint32_t da, uint32_t db, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\n"
@@ -303,6 +317,23 @@ __device__ __forceinline__ void promote(float* acc, const float (&part)[R], floa
     acc[i + 1] = __fmaf_rn(part[i + 1], s0, acc[i + 1]);
     acc[i + 2] = __fmaf_rn(part[i + 2], s1, acc[i + 2]);
     acc[i + 3] = __fmaf_rn(part[i + 3], s1, acc[i + 3]);
+  }
+}
+
+// promote() for a tile that straddles two 128-column B-scale blocks: column groups (8 columns, i / 4) from
+// `split` on take the second block's scales (t0, t1). The boundary is a multiple of 16 columns (tiles
+// start at multiples of 112), so no group straddles it.
+template <int R>
+__device__ __forceinline__ void promote_split(float* acc, const float (&part)[R], float s0, float s1, float t0,
+                                              float t1, int split) {
+#pragma unroll
+  for (int i = 0; i < R; i += 4) {
+    const bool hi = i / 4 >= split;
+    const float u0 = hi ? t0 : s0, u1 = hi ? t1 : s1;
+    acc[i + 0] = __fmaf_rn(part[i + 0], u0, acc[i + 0]);
+    acc[i + 1] = __fmaf_rn(part[i + 1], u0, acc[i + 1]);
+    acc[i + 2] = __fmaf_rn(part[i + 2], u1, acc[i + 2]);
+    acc[i + 3] = __fmaf_rn(part[i + 3], u1, acc[i + 3]);
   }
 }
 
@@ -559,11 +590,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // A dense call of few rows (M <= 128 or so) has few tiles: its time is its weights' bytes from device
 // memory and every tile's re-read of A from the L2, and what matters is how many bytes each SM keeps
 // in flight and how little each K block costs beyond its MMA. Each CTA (256 threads) runs 64 x BN
-// tiles (BN 32, 64 or 128) persistently: one thread of warpgroup 1 issues the TMA loads of A [64, 128],
+// tiles (BN 32, 64, 112 or 128) persistently: one thread of warpgroup 1 issues the TMA loads of A [64, 128],
 // B [BN, 128] and the A-row scales into a ring of `stages` slots; warpgroup 0 is the one consumer: per
 // K block one fresh m64nBNk32 chain (4 x k32), promoted as the wide kernel does (acc = fma(part,
 // sa * sb, acc)), so the outputs are the Triton kernel's bits. Before a tile, the consumer copies its
-// B-scale row (one float per K block: a tile lies in one 128-column scale block) into shared memory.
+// B-scale row (one float per K block) into shared memory: a tile of 32, 64 or 128 columns lies in one
+// 128-column scale block; one of 112 may straddle two, and then stages both rows and promotes its
+// column groups past the boundary with the second (promote_split), the products unchanged.
 // Two chains are in flight: once the next slot is full, the consumer issues the next K block's chain
 // into a second set of registers, reads its scales, and only then waits for this block's chain and
 // promotes it, so the tensor cores do not idle through a wait and a promotion. The epilogue
@@ -575,6 +608,8 @@ constexpr int kNarrowBM = 64, kNarrowThreads = 256;
 constexpr int kNarrowABytes = kNarrowBM * kBK;  // 8 KB
 constexpr int kNarrowSABytes = kNarrowBM * 4;   // 256 B
 constexpr int kNarrowSBBytes = 4096;            // the tile's B-scale row: K up to 1024 blocks
+// B-scale rows a BN-wide tile stages: two where BN does not divide 128 (the tile may straddle two blocks).
+__host__ __device__ constexpr int narrow_sb_rows(int bn) { return 128 % bn ? 2 : 1; }
 
 // Offsets: the A ring, the B ring, the A-scale ring, the B-scale row, then full and empty barriers.
 __host__ __device__ constexpr int narrow_off_b(int stages) { return stages * kNarrowABytes; }
@@ -582,7 +617,9 @@ __host__ __device__ constexpr int narrow_off_sa(int bn, int stages) { return nar
 __host__ __device__ constexpr int narrow_off_sb(int bn, int stages) {
   return narrow_off_sa(bn, stages) + stages * kNarrowSABytes;
 }
-__host__ __device__ constexpr int narrow_off_bar(int bn, int stages) { return narrow_off_sb(bn, stages) + kNarrowSBBytes; }
+__host__ __device__ constexpr int narrow_off_bar(int bn, int stages) {
+  return narrow_off_sb(bn, stages) + narrow_sb_rows(bn) * kNarrowSBBytes;
+}
 __host__ constexpr int narrow_smem_bytes(int bn, int stages) { return 1024 + narrow_off_bar(bn, stages) + 2 * stages * 8; }
 
 struct NarrowParams {
@@ -607,6 +644,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
                                 const __grid_constant__ CUtensorMap map_sa, const NarrowParams p) {
 #ifdef RTP_SM90A
   constexpr int R = BN / 2;  // accumulators per thread
+  constexpr bool kTwoSb = narrow_sb_rows(BN) == 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
   const int stages = p.stages;
@@ -667,11 +705,14 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     float part0[R], part1[R];
     int s = 0;
     uint32_t phase = 0;
-    // K block kb's scales (sb, a0, a1), read when its slot is full.
-    float sb, a0, a1;
+    // K block kb's scales (sb, and sb2 of the second scale block where the tile straddles two; a0, a1),
+    // read when its slot is full. Column groups from `split` on lie in the second block.
+    float sb, sb2 = 0.0f, a0, a1;
+    int split = R / 4;
     const auto read_scales = [&](int kb, int slot) {
       const uint32_t sa = off_sa + slot * kNarrowSABytes + 4 * r0;
       sb = lds_f32(sbuf + 4 * kb), a0 = lds_f32(sa), a1 = lds_f32(sa + 32);
+      if constexpr (kTwoSb) sb2 = lds_f32(sbuf + kNarrowSBBytes + 4 * kb);
     };
     const auto issue = [&](float(&d)[R], int slot) {
       mma_issue(d, desc_a + slot * (kNarrowABytes >> 4), desc_b + slot * ((BN * kBK) >> 4));
@@ -685,6 +726,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       const int s1 = s + 1 == stages ? 0 : s + 1;
       const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
       const float s0 = a0 * sb, s1v = a1 * sb;
+      const float t0 = kTwoSb ? a0 * sb2 : 0.0f, t1 = kTwoSb ? a1 * sb2 : 0.0f;
       if (!last) {
         mbar_wait(full0 + 8 * s1, ph1);
         issue(next, s1);
@@ -695,20 +737,31 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
       }
       __syncwarp();
       if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
-      promote(acc, cur, s0, s1v);
+      if constexpr (kTwoSb) {
+        promote_split(acc, cur, s0, s1v, t0, t1, split);
+      } else {
+        promote(acc, cur, s0, s1v);
+      }
       s = s1, phase = ph1;
     };
     for (int u = cid; u < p.units; u += ncl) {
       int tm, tn;
       narrow_coords(p, u, rank, tm, tn);
       const int col0 = tn * BN;
-      const float* sbrow = p.sb + static_cast<int64_t>(min(tn, p.tiles_n - 1) * BN / 128) * p.sb_stride_n;
+      const int tcol = min(tn, p.tiles_n - 1) * BN, block = tcol / 128;  // a pair's tile past N: any scales
+      const float* sbrow = p.sb + static_cast<int64_t>(block) * p.sb_stride_n;
+      // The second block's row (clamped to the last: then no column group reads it) and the first group in it.
+      const float* sbrow2 = p.sb + static_cast<int64_t>(min(block + 1, (p.n - 1) / 128)) * p.sb_stride_n;
+      if constexpr (kTwoSb) split = min(R / 4, ((block + 1) * 128 - tcol) / 8);
 #pragma unroll
       for (int i = 0; i < R; ++i) acc[i] = 0.0f;
       // The tile's B-scale row into shared memory (as DeepGEMM stages it), so that no K block waits on
       // a load from device memory; the previous tile's reads are done first.
       named_sync(1);
-      for (int i = tid; i < p.kb; i += 128) sts_f32(sbuf + 4 * i, __ldg(sbrow + i * p.sb_stride_k));
+      for (int i = tid; i < p.kb; i += 128) {
+        sts_f32(sbuf + 4 * i, __ldg(sbrow + i * p.sb_stride_k));
+        if constexpr (kTwoSb) sts_f32(sbuf + kNarrowSBBytes + 4 * i, __ldg(sbrow2 + i * p.sb_stride_k));
+      }
       named_sync(1);
       mbar_wait(full0 + 8 * s, phase);
       issue(part0, s);
@@ -980,8 +1033,8 @@ constexpr int kNarrowMaxStages = 16;
 
 // Checks the narrow kernel's tile width.
 void check_block_n(int64_t block_n, const char* op) {
-  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 128, op, ": block_n must be 32, 64 or 128, got ",
-              block_n);
+  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 112 || block_n == 128, op,
+              ": block_n must be 32, 64, 112 or 128, got ", block_n);
 }
 
 // The most ring slots of BN-wide tiles that fit (at most kNarrowMaxStages).
@@ -1048,6 +1101,8 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
     launch_narrow<32>(a, sa, b, sb, out, st, multicast);
   } else if (block_n == 64) {
     launch_narrow<64>(a, sa, b, sb, out, st, multicast);
+  } else if (block_n == 112) {
+    launch_narrow<112>(a, sa, b, sb, out, st, multicast);
   } else {
     launch_narrow<128>(a, sa, b, sb, out, st, multicast);
   }

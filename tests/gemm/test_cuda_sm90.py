@@ -200,8 +200,17 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     # (128, 1024, 7168): 32 tiles, which sm90_ws splits 4 ways to fill the GPU; each narrow tile reads all of K
     assert G.narrow_refusal(a200[:128], sa200[:128], b4[:1024], sb4[:8], out200[:128, :1024]) == (
         "sm90_ws splits K 4 ways")
-    assert G.narrow_refusal(a80, sa80, b, sb, out80) == "224 tiles of 64x64 over 132 SMs"  # (80, 7168, 2048)
-    assert [G.narrow_block_n(r) for r in (16, 33, 64, 65, 128)] == [32, 32, 32, 64, 64]
+    # (80, 7168, 2048): 224 tiles of 64x64 would make two waves; 128 of 64x112 make one
+    assert G.narrow_refusal(a80, sa80, b, sb, out80) is None
+    assert [G.narrow_block_n(r, 7168, 132) for r in (16, 33, 64, 65, 80, 112, 113)] == [32, 32, 32, 112, 112, 112, 64]
+    # (128, 7168, 2048): over 112 rows 64x112 tiles lost to sm90_ws's 128x64
+    a128, sa128, out128 = torch.empty(128, k, dtype=torch.float8_e4m3fn), torch.empty(k // 128, 128).t(), \
+        torch.empty(128, n, dtype=torch.bfloat16)
+    assert G.narrow_refusal(a128, sa128, b, sb, out128) == "224 tiles of 64x64 over 132 SMs"
+    assert [G.narrow_block_n(r, 4096, 132) for r in (64, 65, 128)] == [32, 64, 64]
+    b16, sb16 = torch.empty(16384, k, dtype=torch.float8_e4m3fn), torch.empty(128, k // 128)
+    out16 = torch.empty(80, 16384, dtype=torch.bfloat16)
+    assert G.narrow_refusal(a80, sa80, b16, sb16, out16) == "294 tiles of 64x112 over 132 SMs"
     assert G.narrow_refusal(a, sa.contiguous(), b, sb, out).startswith("needs A's scales column-major")
     huge = torch.empty(m, G.NARROW_MAX_K + 128, dtype=torch.float8_e4m3fn)
     assert G.narrow_refusal(huge, sa, b, sb, out) == f"K={G.NARROW_MAX_K + 128} > {G.NARROW_MAX_K}"
@@ -217,13 +226,14 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     monkeypatch.setattr(G, "USE_NARROW", False)
     assert G.narrow_refusal(a, sa, b, sb, out) == "USE_NARROW is off"
     assert [G.narrow_stages(k) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 12, 12]
+    assert [G.narrow_stages(k, 112) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 9, 9]
 
 
 @pytest.mark.gpu_sm90
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
                                    (100, 1000, 384), (16, 7168, 2048), (20, 4096, 7168), (32, 4096, 7168),
-                                   (64, 4096, 7168)])
+                                   (64, 4096, 7168), (112, 7168, 2048), (80, 7000, 640)])
 def test_dispatch_takes_the_narrow_kernel_for_16_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []
@@ -236,7 +246,8 @@ def test_dispatch_takes_the_narrow_kernel_for_16_to_128_rows(monkeypatch, m, n, 
     monkeypatch.setattr(G._ext, "fp8_gemm_sm90_narrow", spy)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     G.fp8_gemm_nt(a, sa, b, sb, out=out)
-    assert calls == [((m, k), G.narrow_block_n(m), G.narrow_stages(k))]
+    bn = G.narrow_block_n(m, n, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert calls == [((m, k), bn, G.narrow_stages(k, bn))]
     assert_bits_equal(out, _triton(monkeypatch, a, sa, b, sb), f"({m}, {n}, {k})")
     with monkeypatch.context() as mp:  # off: the kernel it replaced (swapped or sm90_ws), not it
         mp.setattr(G, "USE_NARROW", False)
@@ -328,7 +339,7 @@ def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (64, 7168, 2048), (100, 131, 1664),
                                    (128, 4096, 128), (40, 520, 256), (256, 7168, 512)])
-@pytest.mark.parametrize("block_n", [32, 64, 128])
+@pytest.mark.parametrize("block_n", [32, 64, 112, 128])
 @pytest.mark.parametrize("stages,multicast", [(2, False), (0, False), (3, True), (0, True)])
 def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast):
     a, sa, b, sb = _ops(m, n, k, seed=m + n + k + block_n)
@@ -350,7 +361,8 @@ def test_narrow_graph_replay_and_bad_arguments():
                       "graph replay")
     most = _ext.fp8_gemm_sm90_narrow_stages(64)
     assert 2 <= most <= 16
-    for bn, st, msg in [(48, 0, "block_n must be 32, 64 or 128"), (64, 1, "stages must be 0"),
+    assert _ext.fp8_gemm_sm90_narrow_stages(G.NARROW_WIDE_BLOCK_N) == G.NARROW_WIDE_STAGES  # the dispatch's cap
+    for bn, st, msg in [(48, 0, "block_n must be 32, 64, 112 or 128"), (64, 1, "stages must be 0"),
                         (64, most + 1, "stages must be 0")]:
         with pytest.raises(RuntimeError, match=msg):
             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
@@ -359,5 +371,5 @@ def test_narrow_graph_replay_and_bad_arguments():
     big = _ops(1, 128, G.NARROW_MAX_K + 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB
     with pytest.raises(RuntimeError, match=f"is over {G.NARROW_MAX_K} "):  # the dispatch's limit is the op's
         _ext.fp8_gemm_sm90_narrow(*big, torch.empty(1, 128, dtype=torch.bfloat16, device="cuda"))
-    with pytest.raises(RuntimeError, match="block_n must be 32, 64 or 128"):
+    with pytest.raises(RuntimeError, match="block_n must be 32, 64, 112 or 128"):
         _ext.fp8_gemm_sm90_narrow_stages(96)

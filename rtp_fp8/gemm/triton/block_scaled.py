@@ -565,7 +565,12 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # is built (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same
 # products and promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows in 64x32 tiles
 # where the swapped kernel would not split K, or where it would and those tiles fill at least NARROW_SPLIT_FILL
-# of the SMs; above in 64x64 tiles that fill at most one wave and that sm90_ws would not split either.
+# of the SMs; above in 64x64 tiles that fill at most one wave, else, up to NARROW_WIDE_MAX_ROWS rows, in 64x112
+# tiles (NARROW_WIDE_BLOCK_N) that do; and only where sm90_ws would not split K. 64x112 is what DeepGEMM's SM90
+# cost model picks at (128, 7168, 2048): 128 tiles in one wave, where 64x64 makes 224 and sm90_ws's 128x64 112.
+# On the H100 (bench/sm90_narrow.py, twenty-fourth session) they beat sm90_ws's 128x64 at 80-112 rows: (80, 7168,
+# 2048) 9.7 against 10.5 us, (96, ...) 9.8 against 10.1, (80, 7168, 16384) 48.8 against 56.0, (96, ...) 45.4
+# against 53.5, (112, ...) 45.1 against 46.3; at 128 rows they do not ((128, 7168, 2048) 10.3 against 9.8).
 # (64, 7168, 2048): 7.6 us on the H200 (bench/gemm.py, DeepGEMM / it 0.91) where sm90_ws 64x64 took 7.8 (0.90),
 # 8.7 against 9.1 on the H100 (bench/sm90_narrow.py). (64, 4096, 7168), which the swapped kernel splits 4 ways:
 # 14.1 against 16.1-16.5 us on the H100, 13.6 against 13.1 on the H200 before the twentieth session's two chains
@@ -580,21 +585,30 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 USE_NARROW = True
 NARROW_MIN_ROWS = 16
 NARROW_MAX_ROWS = 128
-NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above
+NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above, or NARROW_WIDE_BLOCK_N where 64x64 tiles overfill
+NARROW_WIDE_BLOCK_N = 112
+NARROW_WIDE_MAX_ROWS = 112
+NARROW_WIDE_STAGES = 9  # the most 64x112 ring slots (fp8_gemm_sm90_narrow_stages(112): 22.8 KB each)
 NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
 NARROW_SPLIT_FILL = 0.875  # where the swapped kernel would split K: the share of SMs 64x32 tiles must fill
 
 
-def narrow_block_n(m: int) -> int:
-    """The narrow kernel's tile width for M rows."""
-    return NARROW_BLOCK_N if m <= SWAP_MAX_ROWS else 64
+def narrow_block_n(m: int, n: int, sms: int) -> int:
+    """The narrow kernel's tile width for M rows and N columns on `sms` SMs: 64x112 where more than `sms`
+    tiles of 64x64 would make a second wave and M is at most NARROW_WIDE_MAX_ROWS."""
+    if m <= SWAP_MAX_ROWS:
+        return NARROW_BLOCK_N
+    if m > NARROW_WIDE_MAX_ROWS or cdiv(m, 64) * cdiv(n, 64) <= sms:
+        return 64
+    return NARROW_WIDE_BLOCK_N
 
 
-def narrow_stages(k: int) -> int:
+def narrow_stages(k: int, block_n: int = NARROW_BLOCK_N) -> int:
     """The narrow kernel's ring slots for K: a quarter of its K blocks, 6 to 12 (bench/sm90_narrow.py:
     K=7168's 56 blocks ran fastest with 12, K=2048's 16 with 6; a deep ring over few blocks front-loads
-    its loads)."""
-    return min(12, max(6, cdiv(k, GRAN) // 4))
+    its loads), at most NARROW_WIDE_STAGES for 64x112 tiles."""
+    stages = min(12, max(6, cdiv(k, GRAN) // 4))
+    return min(stages, NARROW_WIDE_STAGES) if block_n == NARROW_WIDE_BLOCK_N else stages
 
 
 def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None:
@@ -622,11 +636,11 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     if m <= SWAP_MAX_ROWS:
         splits = swap_config(m, n, k, m, sms)[3]
         # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
-        if splits > 1 and (tiles := cdiv(n, narrow_block_n(m))) < NARROW_SPLIT_FILL * sms:
-            return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{narrow_block_n(m)} "
+        if splits > 1 and (tiles := cdiv(n, NARROW_BLOCK_N)) < NARROW_SPLIT_FILL * sms:
+            return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{NARROW_BLOCK_N} "
                     f"fill fewer than {NARROW_SPLIT_FILL} of {sms} SMs")
-    elif (tiles := cdiv(m, 64) * cdiv(n, 64)) > sms:
-        return f"{tiles} tiles of 64x64 over {sms} SMs"
+    elif (tiles := cdiv(m, 64) * cdiv(n, bn := narrow_block_n(m, n, sms))) > sms:
+        return f"{tiles} tiles of 64x{bn} over {sms} SMs"
     elif (ws := sm90_ws.grid(m, n, k, sms)[3]) > 1:  # too few tiles: sm90_ws's K splits fill the GPU
         return f"sm90_ws splits K {ws} ways"
     return sm90_ws.operand_refusal(a, sa, b, sb, out, packed_a=packed_a, sb_div=sb_div)
@@ -866,7 +880,8 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
     if m == 0 or n == 0:
         return out
     if narrow_refusal(a, sa, b, sb, out, packed_a, sb_div) is None:
-        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, narrow_block_n(m), narrow_stages(k))
+        bn = narrow_block_n(m, n, A.num_sms(a.device.index or 0))
+        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, narrow_stages(k, bn))
         return out
     if ws_before_swap(m, n, k, a.device) and _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):
         return out
