@@ -3,7 +3,7 @@ deep ring) against the shipped dispatch and DeepGEMM at bench/gemm.py's small-M 
 decode rows).
 
     PYTHONPATH=. python3 bench/sm90_narrow.py [--out n.json] [--block-n 32 64 128] [--stages 6 8 0]
-        [--rows 16 64 128 256] [--multicast off|on|both] [--reps 2] [--no-deepgemm]
+        [--rows 16 64 128 256] [--nk 4096x7168 7168x2048] [--multicast off|on|both] [--reps 2] [--no-deepgemm]
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
 (bench.common.operand_sets), so each call reads its weights from device memory. Each rep times the
@@ -57,12 +57,25 @@ def variants(block_ns, stages, dg, multicast=(False, True)):
     return out
 
 
+def nk_pair(text):
+    """--nk's "NxK" -> (N, K), both >= 1."""
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxK, e.g. 7168x2048, got {text!r}") from None
+    if n < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} needs N, K >= 1")
+    return n, k
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
     ap.add_argument("--stages", type=int, nargs="+", default=[6, 8, 0])
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64, 128, 256])
+    ap.add_argument("--nk", nargs="+", type=nk_pair, default=list(EXPERT_NK),
+                    help="NxK of the weights, e.g. 7168x2048 (default: DeepSeek-V3's expert gate_up and down)")
     ap.add_argument("--multicast", choices=["off", "on", "both"], default="both")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
@@ -77,7 +90,7 @@ def main():
         args.multicast])
     rows = []
     for m in args.rows:
-        for n, k in EXPERT_NK:
+        for n, k in args.nk:
             sets = operand_sets(lambda s=(m, n, k): dense_inputs(*s))
             r = measure(sets, 4, todo, args.reps, exact="narrow", ref=0)
             r["tflops"] = {label: 2 * m * n * k / (us * 1e-6) / 1e12 for label, us in r["us"].items()}

@@ -105,3 +105,13 @@ def test_extension_env_names_the_bench_without_the_extension_and_deepgemm_when_s
     assert dg is None and env == {"gpu": "stand-in", "deep_gemm": "absent: --no-deepgemm"}
     monkeypatch.setattr(C, "_deepgemm", lambda: (None, "not importable"))
     assert C.extension_env("sm90_cluster", no_deepgemm=False)[1]["deep_gemm"] == "absent: not importable"
+
+
+def test_the_narrow_bench_reads_its_weight_shapes():
+    from bench import sm90_narrow as N
+
+    assert N.nk_pair("7168x2048") == (7168, 2048) and N.nk_pair("7168X16384") == (7168, 16384)
+    for bad in ("7168", "7168x0", "axb", "1x2x3", "-1x128"):
+        with pytest.raises(N.argparse.ArgumentTypeError, match="NxK|needs N, K >= 1"):
+            N.nk_pair(bad)
+
