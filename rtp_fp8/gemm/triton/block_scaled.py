@@ -633,13 +633,14 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
         return "needs out's start and row stride 16-byte aligned"
     m, k = a.shape
     n, sms = b.shape[0], A.num_sms(a.device.index or 0)
+    bn = narrow_block_n(m, n, sms)
     if m <= SWAP_MAX_ROWS:
         splits = swap_config(m, n, k, m, sms)[3]
         # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
-        if splits > 1 and (tiles := cdiv(n, NARROW_BLOCK_N)) < NARROW_SPLIT_FILL * sms:
-            return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{NARROW_BLOCK_N} "
+        if splits > 1 and (tiles := cdiv(n, bn)) < NARROW_SPLIT_FILL * sms:
+            return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{bn} "
                     f"fill fewer than {NARROW_SPLIT_FILL} of {sms} SMs")
-    elif (tiles := cdiv(m, 64) * cdiv(n, bn := narrow_block_n(m, n, sms))) > sms:
+    elif (tiles := cdiv(m, 64) * cdiv(n, bn)) > sms:
         return f"{tiles} tiles of 64x{bn} over {sms} SMs"
     elif (ws := sm90_ws.grid(m, n, k, sms)[3]) > 1:  # too few tiles: sm90_ws's K splits fill the GPU
         return f"sm90_ws splits K {ws} ways"
