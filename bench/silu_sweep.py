@@ -21,9 +21,19 @@ from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
 R, INTER = 16403, 2048
-# (BLOCK_M, groups per program, warps, stages) of the tile kernel; the shipped one is (8, 4, 4, 1)
-CONFIGS = [(1, 4, 1, 1), (1, 4, 2, 1), (1, 4, 4, 1), (2, 4, 4, 1), (4, 4, 4, 1), (8, 4, 4, 1), (8, 4, 8, 1),
-           (16, 4, 8, 1), (4, 1, 1, 1), (8, 1, 2, 1), (16, 1, 4, 1), (32, 1, 4, 1), (4, 4, 2, 1), (2, 4, 1, 1)]
+# (BLOCK_M, groups per program, warps, stages[, row programs per SM]) of the tile kernel: without the
+# fifth entry a program per row block; with it a persistent grid of that many row programs per SM, each
+# looping over row blocks. The shipped one is token_group's SILU_CONFIG + SILU_PROGRAMS_PER_SM; (4, 4, 4, 1)
+# was shipped before it. The wider searches that chose it: docs/bench_silu_2026-12-06a.json, -06b.json.
+CONFIGS = [(4, 4, 4, 1), (1, 4, 1, 1), (4, 4, 4, 1, 8), (4, 4, 4, 1, 16), (1, 4, 1, 1, 16), (1, 4, 1, 1, 32),
+           (1, 4, 1, 1, 64), (1, 4, 1, 2, 32), (1, 16, 4, 1, 32)]
+
+
+def launch_config(cfg):
+    """cfg as _launch_tiles takes it: a fifth entry (programs per SM) times the SM count."""
+    if len(cfg) < 5:
+        return cfg
+    return cfg[:4] + (cfg[4] * torch.cuda.get_device_properties(0).multi_processor_count,)
 
 
 def run():
@@ -46,7 +56,8 @@ def run():
         q.fill_(0)
 
         def call(cfg=cfg):
-            T._launch_tiles(gate_up, q, s, R, INTER // 128, 128, 1e-10, False, False, up_off=INTER, config=cfg)
+            T._launch_tiles(gate_up, q, s, R, INTER // 128, 128, 1e-10, False, False, up_off=INTER,
+                            config=launch_config(cfg))
         try:
             t = graph_ms(call) * 1e3
         except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported
@@ -85,8 +96,8 @@ def run_skip(cap=36864, experts=32, align=128):
         q.fill_(0)
 
         def call(cfg=cfg):
-            T._launch_tiles(gate_up, q, s, cap, INTER // 128, 128, 1e-10, False, False, up_off=INTER, config=cfg,
-                            skip=(1, ids, 1))
+            T._launch_tiles(gate_up, q, s, cap, INTER // 128, 128, 1e-10, False, False, up_off=INTER,
+                            config=launch_config(cfg), skip=(1, ids, 1))
         t = graph_ms(call) * 1e3
         same = torch.equal(q[valid].view(torch.uint8), ref_q[valid].view(torch.uint8))
         res[str(cfg)] = round(t, 2) if same else "differs"

@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rtp_fp8 import triton_env
+from rtp_fp8.arch import num_sms
 from rtp_fp8.quant import layout as L
 
 OUT_DTYPES = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -111,22 +112,32 @@ def _per_token_group_quant_kernel(
     """Rows of x (or, with SILU_MUL, bf16(silu(x[:, :up_off]) * x[:, up_off:])) per group.
     SKIP 1: rows whose id in rows_ptr is negative (contiguous padding) are skipped; SKIP 2: row r
     is skipped when r % rows_per_expert >= rows_ptr[r // rows_per_expert] (masked_m). Skipped rows
-    are neither read nor written."""
-    pid_m = tl.program_id(0)
+    are neither read nor written. Program (i, j) takes row blocks i, i + grid[0], ... (one block
+    each when the grid has a program per block; a persistent grid, fewer)."""
     pid_g = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    for pid_m in range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        if SKIP == 1:
+            rmask &= tl.load(rows_ptr + rows, mask=rmask, other=-1) >= 0
+        elif SKIP == 2:
+            rmask &= (rows % rows_per_expert) < tl.load(rows_ptr + rows // rows_per_expert, mask=rmask, other=0)
+        # masked lanes still run the arithmetic, which bounds this kernel (exp and IEEE divisions):
+        # a block of skipped rows is passed over
+        live = tl.sum(rmask.to(tl.int32), axis=0) != 0 if SKIP != 0 else pid_m >= 0
+        if live:
+            _quant_block(x_ptr, q_ptr, s_ptr, rows, rmask, pid_g, stride_xm, stride_qm, stride_sm, stride_sg, eps,
+                         qmax, up_off, NUM_GROUPS, GROUP, GPP, BLOCK_M, POW2, PACKED, INT8, SILU_MUL, CUDA_EXP)
+
+
+@triton.jit
+def _quant_block(x_ptr, q_ptr, s_ptr, rows, rmask, pid_g, stride_xm, stride_qm, stride_sm, stride_sg, eps, qmax,
+                 up_off, NUM_GROUPS: tl.constexpr, GROUP: tl.constexpr, GPP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 POW2: tl.constexpr, PACKED: tl.constexpr, INT8: tl.constexpr, SILU_MUL: tl.constexpr,
+                 CUDA_EXP: tl.constexpr):
+    """_per_token_group_quant_kernel's work on one [BLOCK_M rows, GPP groups] block."""
     groups = pid_g * GPP + tl.arange(0, GPP)
     cols = tl.arange(0, GROUP)
-    rmask = rows < M
-    if SKIP == 1:
-        rmask &= tl.load(rows_ptr + rows, mask=rmask, other=-1) >= 0
-    elif SKIP == 2:
-        rmask &= (rows % rows_per_expert) < tl.load(rows_ptr + rows // rows_per_expert, mask=rmask, other=0)
-    if SKIP != 0:
-        # masked lanes still run the arithmetic, which bounds this kernel (exp and IEEE divisions):
-        # a tile of skipped rows returns before it
-        if tl.sum(rmask.to(tl.int32), axis=0) == 0:
-            return
     gmask = groups < NUM_GROUPS
     rows64 = rows.to(tl.int64)
     kofs = groups[None, :, None] * GROUP + cols[None, None, :]
@@ -312,21 +323,28 @@ def per_token_group_quant_into(x: torch.Tensor, q: torch.Tensor, scales: torch.T
     _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, config=_config)
 
 
-# silu_mul_quant_into's tile on a GPU (BLOCK_M, groups per program, warps, stages). bench/silu_sweep.py
-# --skip on the H200 (docs/perf.md), I=2048, bit-identical to _launch_config's (8, 4, 4, 1): 16403 rows
-# 54 against 64 us; the executor's 36864-row workspace skipping its padding 68 against 80 us. One row
-# a program was the fastest without padding (51 us) and slow with it (97 us: a program per empty row).
-SILU_CONFIG = (4, 4, 4, 1)
+# silu_mul_quant_into's tile on a GPU (BLOCK_M, groups per program, warps, stages) and its persistent grid
+# (row programs per SM, each looping over row blocks; 0: a program per row block). bench/silu_sweep.py
+# --skip on an H100 (docs/perf.md, twenty-fifth session), I=2048, bit-identical to every other tile: the
+# executor's 36864-row workspace skipping its padding 64 us against the former (4, 4, 4, 1) tile's 82 us
+# with a program per row block (one row a program, a program per row: 103 us, a launch per empty row);
+# the 16403 routed rows alone 59 against 60 us, at 0.94 of the H100's copy bandwidth.
+SILU_CONFIG = (1, 4, 1, 1)
+SILU_PROGRAMS_PER_SM = 32
 NO_SKIP = (0, None, 1)  # (SKIP, rows_ptr, rows_per_expert) of _per_token_group_quant_kernel: every row
 
 
 def _launch_tiles(x2, q2, scales, m, g, group_size, eps, pow2, packed, up_off=0, config=None, skip=NO_SKIP):
     """The [BLOCK_M, GPP, group] tile kernel over m rows of g groups; up_off > 0: x2 is [g | u]
     with u at column up_off, quantizing bf16(silu(g) * u). skip: the kernel's (SKIP, rows_ptr,
-    rows_per_expert), the rows to leave alone (_skip_rows)."""
-    block_m, gpp, warps, stages = config or _launch_config(m, g, group_size, packed)
+    rows_per_expert), the rows to leave alone (_skip_rows). config: (BLOCK_M, GPP, warps, stages[,
+    row programs]); row programs > 0 caps the grid's rows at that many programs, each looping over
+    row blocks (a persistent grid); 0 or absent, a program per row block."""
+    block_m, gpp, warps, stages, *rest = config or _launch_config(m, g, group_size, packed)
     mode, rows_ptr, rows_per_expert = skip
-    _per_token_group_quant_kernel[(triton.cdiv(m, block_m), triton.cdiv(g, gpp))](
+    blocks = triton.cdiv(m, block_m)
+    progs = min(blocks, rest[0]) if rest and rest[0] > 0 else blocks
+    _per_token_group_quant_kernel[(progs, triton.cdiv(g, gpp))](
         x2, q2, scales, m, x2.stride(0), q2.stride(0), scales.stride(0), scales.stride(1), eps,
         OUT_DTYPES[q2.dtype], up_off, NUM_GROUPS=g, GROUP=group_size, GPP=gpp, BLOCK_M=block_m,
         POW2=pow2, PACKED=packed, INT8=q2.dtype == torch.int8, SILU_MUL=up_off > 0,
@@ -375,7 +393,8 @@ def silu_mul_quant_into(gate_up: torch.Tensor, q: torch.Tensor, scales: torch.Te
     config = None
     if not triton_env.interpreting():  # packed scales: four groups a word, so four a program
         block_m, gpp, warps, stages = SILU_CONFIG
-        config = (block_m, gpp if packed else min(gpp, triton.next_power_of_2(g)), warps, stages)
+        progs = SILU_PROGRAMS_PER_SM * num_sms(gate_up.device.index) if gate_up.is_cuda else 0
+        config = (block_m, gpp if packed else min(gpp, triton.next_power_of_2(g)), warps, stages, progs)
     _launch_tiles(gate_up, q, scales, r, g, group_size, eps, packed, packed, up_off=i, config=config, skip=skip)
 
 

@@ -116,3 +116,40 @@ def test_skip_bad_input():
         T.silu_mul_quant_into(gu, q, s, masked_m=ids[:3])
     with pytest.raises(ValueError, match="masked_m must be a contiguous"):
         T.silu_mul_quant_into(gu, q, s, masked_m=ids[::2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("how", [None, "m_indices", "masked_m"])
+@pytest.mark.parametrize("programs", [1, 3, 7])
+def test_persistent_grid_equals_a_program_per_block(device, how, programs):
+    """The persistent grid (`programs` row programs looping over the row blocks, some of them
+    skipped) writes the bits a program per row block writes, and leaves skipped rows alone."""
+    e, per, inter, block_m = 5, 24, 256, 4  # 30 row blocks
+    rows = e * per
+    g = torch.Generator().manual_seed(programs * 7 + len(how or ""))
+    gate_up = (torch.randn(rows, 2 * inter, generator=g) * 3).to(torch.bfloat16)
+    skip, keep = T.NO_SKIP, torch.ones(rows, dtype=torch.bool)
+    if how == "m_indices":
+        ids = torch.randint(0, e, (rows,), generator=g, dtype=torch.int32)
+        ids[per:3 * per] = -1  # whole skipped blocks, and a partly skipped one
+        ids[rows - 6:] = -1
+        keep = ids >= 0
+        skip = (1, ids.to(device), 1)
+    elif how == "masked_m":
+        masked = torch.tensor([per, 0, 9, per + 3, 1], dtype=torch.int32)
+        keep = (torch.arange(per)[None, :] < masked.clamp(0, per)[:, None]).reshape(-1)
+        skip = (2, masked.to(device), per)
+    gate_up[~keep] = float("nan")
+    gate_up = gate_up.to(device)
+    outs = []
+    for progs in (0, programs):
+        q = poison_(torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device))
+        s = poison_(L.alloc_scales((), rows, inter // 128, "row", device))
+        T._launch_tiles(gate_up, q, s, rows, inter // 128, 128, 1e-10, False, False, up_off=inter,
+                        config=(block_m, 2, 4, 1, progs), skip=skip)
+        outs.append((q.view(torch.uint8).cpu(), s.cpu()))
+    (q0, s0), (q1, s1) = outs
+    assert torch.equal(q0, q1)
+    assert torch.equal(s0.view(torch.int32), s1.view(torch.int32))
+    assert bool((q1[~keep] == 0x7B).all()) and bool(torch.isnan(s1[~keep]).all())
+    assert not bool((q1[keep] == 0x7B).all(dim=1).any())  # every kept row written
