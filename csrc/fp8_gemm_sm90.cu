@@ -371,7 +371,8 @@ __device__ __forceinline__ int tile_expert(const Params& p, int tm) {
 #endif
 
 // kGrouped: m-grouped contiguous (b [E, N, K] as [E * N, K], 128-row tiles of one expert each):
-// a tile without an expert runs on expert 0's weights and stores zeros; rows whose id is not the
+// a pair of row tiles neither of which has an expert runs no K block and stores zeros; a tile without
+// an expert beside one with runs on expert 0's weights and stores zeros; rows whose id is not the
 // tile's expert are stored as zeros and counted, at the first column tile (as the Triton kernels
 // do). B is multicast only where both row tiles of the pair have the same expert; else each CTA
 // loads both halves of its own.
@@ -420,7 +421,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         int pm, tn;
         pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
         const int row0 = (2 * pm + rank) * kBM, col0 = tn * kBN;
-        const int e0 = max(tile_expert<kGrouped>(p, 2 * pm), 0), e1 = max(tile_expert<kGrouped>(p, 2 * pm + 1), 0);
+        const int te0 = tile_expert<kGrouped>(p, 2 * pm), te1 = tile_expert<kGrouped>(p, 2 * pm + 1);
+        if (te0 < 0 && te1 < 0) continue;  // an idle pair: no K block loaded (its consumers skip it alike)
+        const int e0 = max(te0, 0), e1 = max(te1, 0);
         const bool multicast = p.multicast && e0 == e1;
         const int brow = (rank ? e1 : e0) * p.n + col0;  // B's first row in [E * N, K]
         for (int kb = 0; kb < p.kb; ++kb) {
@@ -484,6 +487,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       pair_coords(t, p.pairs_m, p.tiles_n, p.group_m, pm, tn);
       const int tm = 2 * pm + rank;
       const int expert = tile_expert<kGrouped>(p, tm);
+      // Idle: neither row tile of the pair has an expert (grouped padding, as at the end of an MoE
+      // executor's workspace). Its producer loads nothing and no K block runs: the tile stores zeros.
+      const bool idle = expert < 0 && tile_expert<kGrouped>(p, 2 * pm + 1 - rank) < 0;
       const uint32_t sbt = sb_buffer(base, p.kb, j & 1);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -493,9 +499,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // which then waited on shared memory (SASS, 2026-12-05).
       const uint32_t sa_lane = base + kOffSA + wg * 256 + 4 * r0;
       float sb0 = lds_f32(sbt), sb1 = lds_f32(sbt + 4 * p.kb);
-      mbar_wait(full0 + 8 * s, phase);
-      float sa0 = lds_f32(sa_lane + s * kSABytes), sa1 = lds_f32(sa_lane + s * kSABytes + 32);
-      for (int kb = 0; kb < p.kb; ++kb) {
+      float sa0 = 0.0f, sa1 = 0.0f;
+      if (!idle) {
+        mbar_wait(full0 + 8 * s, phase);
+        sa0 = lds_f32(sa_lane + s * kSABytes), sa1 = lds_f32(sa_lane + s * kSABytes + 32);
+      }
+      for (int kb = 0; kb < (idle ? 0 : p.kb); ++kb) {
         // Slot s holds K block kb (waited for). Next: slot s1, phase ph1.
         const int s1 = s + 1 == kStages ? 0 : s + 1;
         const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;

@@ -280,8 +280,13 @@ def _grouped_case(n, k, seed, reps=1):
 @pytest.mark.parametrize("n,k,reps,multicast", [(2048, 512, 1, True), (2112, 1152, 1, True), (512, 7168, 2, True),
                                                (2112, 1152, 1, False)])
 def test_contiguous_bit_identical_to_triton_with_counters(monkeypatch, n, k, reps, multicast):
-    ids, a, sa, b, sb = _grouped_case(n, k, seed=n + k, reps=reps)
-    m = ids.numel()
+    _check_contiguous(monkeypatch, *_grouped_case(n, k, seed=n + k, reps=reps), multicast, [184 * reps, 128 * reps])
+
+
+def _check_contiguous(monkeypatch, ids, a, sa, b, sb, multicast, counts):
+    """The extension's contiguous GEMM (out poisoned) against the Triton kernel: the same bits and
+    counters (== counts), zeros on rows without a valid expert, the others near the reference."""
+    m, n, k = ids.numel(), b.shape[1], a.shape[1]
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     cnt = torch.zeros(2, dtype=torch.int32, device="cuda")
     _ext.fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, cnt, 8, 0, multicast)
@@ -290,11 +295,23 @@ def test_contiguous_bit_identical_to_triton_with_counters(monkeypatch, n, k, rep
         cnt_ref = torch.zeros(2, dtype=torch.int32, device="cuda")
         ref = G.m_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, ids, counters=cnt_ref)
     assert_bits_equal(out, ref, f"contiguous ({m}, {n}, {k})")
-    assert cnt.tolist() == cnt_ref.tolist() == [184 * reps, 128 * reps]
-    valid = (ids >= 0) & (ids < 4)
+    assert cnt.tolist() == cnt_ref.tolist() == counts
+    valid = (ids >= 0) & (ids < b.shape[0])
     assert bool((out[~valid] == 0).all())
     want = GR.grouped_contiguous_ref(a, sa, b, sb, ids)
     assert rel_l2(out[valid].double().cpu(), want[valid.cpu()]) <= TOL
+
+
+@pytest.mark.gpu_sm90
+@needs_ext
+@pytest.mark.parametrize("multicast", [True, False])
+def test_contiguous_idle_pairs_store_zeros(monkeypatch, multicast):
+    """Row tile pairs with no expert in either tile (padding pairs mid-layout and the workspace's padded
+    tail, as an MoE executor leaves them) run no K block: zeros stored, counted, the other tiles' bits
+    unchanged, and the ring stays in step for the tiles after them."""
+    parts = [(0, 256), (-1, 256), (2, 200), (-1, 56), (3, 128), (-1, 512)]  # pairs (2, 3), (8, 9), (10, past M) idle
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in parts]).cuda()
+    _check_contiguous(monkeypatch, ids, *_ops(ids.numel(), 2048, 1152, 11, e=4), multicast, [824, 0])
 
 
 @pytest.mark.gpu_sm90
