@@ -13,7 +13,9 @@ Bytes, counted once each:
 Beside the copy ceiling, torch's fan-out copy with the scatter's shape (each row read once
 and written ~local routes / tokens times, an expanded-source copy_) is a baseline for that
 traffic shape (not a ceiling: it is far below the copy bandwidth).
-Executor (H=7168, I=2048, T=4096): one forward vs the sum of its parts timed alone.
+Executor (H=7168, I=2048, T=4096): one forward vs the sum of its parts timed alone; the
+silu*mul+quant step and the forward also as that step was shipped before (FORMER_SILU_CONFIG tiles, a
+program per row block).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import torch
 
 from bench.common import copy_bandwidth_gbs, dump, environment, graph_ms
+from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm.triton import block_scaled as G
 from rtp_fp8.moe import ep_kernels as K
@@ -32,6 +35,7 @@ from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
 H, TOPK, E_LOCAL, E_GLOBAL, ALIGN = 7168, 8, 32, 64, 128
+FORMER_SILU_CONFIG = (4, 4, 4, 1)  # token_group.SILU_CONFIG before the persistent grid (a program per row block)
 
 
 def routing(t, seed=0):
@@ -123,19 +127,32 @@ def bench_executor(t=4096, inter=2048):
     ex._silu_mul_quant = lambda gate_up, q_out, s_out, **skip: silu(gate_up, q_out, s_out)
     total_all_rows = graph_ms(lambda: ex(x, ids, w))
     ex._silu_mul_quant = silu
+    # the step as shipped before the persistent grid: (4, 4, 4, 1) tiles, a program per row block (each
+    # padding block a launch that returns)
+    persist, tile = T.SILU_PROGRAMS_PER_SM, T.SILU_CONFIG
+    T.SILU_PROGRAMS_PER_SM, T.SILU_CONFIG = 0, FORMER_SILU_CONFIG
+    try:
+        per_block = graph_ms(lambda: ex._silu_mul_quant(ex.gate_up, ex.act_q, ex.act_s, m_indices=mi))
+        total_per_block = graph_ms(lambda: ex(x, ids, w))
+    finally:
+        T.SILU_PROGRAMS_PER_SM, T.SILU_CONFIG = persist, tile
     rows = int((mi >= 0).sum())
     silu_bytes = rows * (2 * inter * 2 + inter + 4 * inter // 128) + mi.numel() * 4  # bf16 in, fp8 + scales out, ids
     return {"t": t, "inter": inter, "cap": ex.cap, "local_routes": local, "total_us": total * 1e3,
             "parts_us": {k: v * 1e3 for k, v in parts.items()}, "sum_parts_us": sum(parts.values()) * 1e3,
             "tflops": flops / (total * 1e-3) / 1e12, "silu_rows": rows, "silu_bytes": silu_bytes,
             "silu_gbs": silu_bytes / (parts["silu*mul+quant"] * 1e-3) / 1e9, "silu_all_rows_us": all_rows * 1e3,
-            "total_all_rows_us": total_all_rows * 1e3}
+            "total_all_rows_us": total_all_rows * 1e3, "silu_programs_per_sm": persist, "silu_tile": list(tile),
+            "silu_program_per_block_us": per_block * 1e3, "total_program_per_block_us": total_per_block * 1e3}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--no-cluster", action="store_true",
+                    help="block_scaled.USE_CLUSTER off: the grouped GEMMs take the Triton kernels, not the extension's")
     a = ap.parse_args()
+    G.USE_CLUSTER = not a.no_cluster
     env = environment()
     copy = copy_bandwidth_gbs()
     layout = activation_scale_layout(A.detect())
@@ -145,9 +162,11 @@ def main():
     ex = bench_executor()
     if a.out:
         dump(a.out, {"bench": "moe", "env": env, "copy_gbs": copy, "scale_layout": layout, "results": rows,
-                     "executor": ex})
+                     "executor": ex, "use_cluster": G.USE_CLUSTER,
+                     "extension_grouped_gemm": _ext.has("fp8_gemm_sm90_contiguous")})
     print(env)
-    print(f"copy bandwidth (read+write): {copy:.0f} GB/s; scales {layout}")
+    print(f"copy bandwidth (read+write): {copy:.0f} GB/s; scales {layout}; USE_CLUSTER {G.USE_CLUSTER}, the "
+          f"extension's grouped GEMM {'built' if _ext.has('fp8_gemm_sm90_contiguous') else 'absent'}")
     print(f"{'T':>6s} {'routes':>7s} {'scatter us':>10s} {'GB/s':>6s} {'ratio':>5s} {'gather us':>9s} {'GB/s':>6s} "
           f"{'ratio':>5s}")
     for r in rows:
@@ -160,6 +179,10 @@ def main():
     print(f"silu*mul+quant over the {ex['silu_rows']} routed rows: {ex['parts_us']['silu*mul+quant']:.0f} us = "
           f"{ex['silu_gbs']:.0f} GB/s ({ex['silu_gbs'] / copy:.2f} of copy); over all {ex['cap']} workspace rows "
           f"{ex['silu_all_rows_us']:.0f} us; forward with the all-rows step {ex['total_all_rows_us']:.0f} us")
+    print(f"silu*mul+quant: {ex['silu_tile']} tiles, {ex['silu_programs_per_sm']} row programs per SM "
+          f"{ex['parts_us']['silu*mul+quant']:.1f} us (forward {ex['total_us']:.0f}); as before "
+          f"({FORMER_SILU_CONFIG} tiles, a program per row block) {ex['silu_program_per_block_us']:.1f} us "
+          f"(forward {ex['total_program_per_block_us']:.0f})")
 
 
 if __name__ == "__main__":
