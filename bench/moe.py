@@ -160,13 +160,13 @@ def main():
     for r in rows:
         r["scatter_ratio"], r["gather_ratio"] = r["scatter_gbs"] / copy, r["gather_gbs"] / copy
     ex = bench_executor()
+    ext_grouped = _ext.has("fp8_gemm_sm90_contiguous")
     if a.out:
         dump(a.out, {"bench": "moe", "env": env, "copy_gbs": copy, "scale_layout": layout, "results": rows,
-                     "executor": ex, "use_cluster": G.USE_CLUSTER,
-                     "extension_grouped_gemm": _ext.has("fp8_gemm_sm90_contiguous")})
+                     "executor": ex, "use_cluster": G.USE_CLUSTER, "extension_grouped_gemm": ext_grouped})
     print(env)
     print(f"copy bandwidth (read+write): {copy:.0f} GB/s; scales {layout}; USE_CLUSTER {G.USE_CLUSTER}, the "
-          f"extension's grouped GEMM {'built' if _ext.has('fp8_gemm_sm90_contiguous') else 'absent'}")
+          f"extension's grouped GEMM {'built' if ext_grouped else 'absent'}")
     print(f"{'T':>6s} {'routes':>7s} {'scatter us':>10s} {'GB/s':>6s} {'ratio':>5s} {'gather us':>9s} {'GB/s':>6s} "
           f"{'ratio':>5s}")
     for r in rows:

@@ -17,6 +17,7 @@ import argparse
 import torch
 
 from bench.common import copy_ms, dump, environment, graph_ms
+from rtp_fp8.arch import num_sms
 from rtp_fp8.quant import layout as L
 from rtp_fp8.quant import token_group as T
 
@@ -33,7 +34,7 @@ def launch_config(cfg):
     """cfg as _launch_tiles takes it: a fifth entry (programs per SM) times the SM count."""
     if len(cfg) < 5:
         return cfg
-    return cfg[:4] + (cfg[4] * torch.cuda.get_device_properties(0).multi_processor_count,)
+    return cfg[:4] + (cfg[4] * num_sms(torch.cuda.current_device()),)
 
 
 def run():
