@@ -35,6 +35,7 @@ from bench.common import (
     rel_l2,
     rotated_ms,
 )
+from bench.read_floor import read_floor_us
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -253,8 +254,9 @@ def _line(r):
            else f"{'-':>7s} {'-':>7s} {'-':>7s}")
     if isinstance(r.get("dg_pdl_tflops"), float):
         dgc += f" (dg pdl {r['dg_pdl_tflops']:.0f})"
-    mem = (f" mem x{r['over_mem_limit']:.2f} (copy same bytes {r['copy_same_bytes_us']:.1f} us)"
-           if "over_mem_limit" in r else "")
+    mem = (f" mem x{r['over_mem_limit']:.2f} (copy same bytes {r['copy_same_bytes_us']:.1f} us"
+           + (f", read floor {r['read_floor_us']:.1f} us: x{r['over_read_floor']:.2f}" if "read_floor_us" in r else "")
+           + ")" if "over_mem_limit" in r else "")
     return (f"{r['kind']:18s} {str(tuple(r['shape'])):>20s} {r['kernel']:>19s} {r['ms']:8.3f} {r['tflops']:8.0f} "
             f"{r['ratio']:6.2f} {r['eager_ms']:9.3f} {tri} {dgc}{mem}")
 
@@ -286,6 +288,7 @@ def main():
         if args.out:  # after every row: a run cut short keeps what it measured
             dump(args.out, {"env": env, "cublaslt_fp8_tflops": ceiling, "copy_gbs": copy, "results": rows})
 
+    floors = {}  # weight bytes -> bench.read_floor.read_floor_us
     for m, n, k in DENSE:
         r = dense(m, n, k, dg, cold)
         if m <= 64:  # memory-bound: the weight's bytes at the copy bandwidth measured in this run
@@ -294,6 +297,12 @@ def main():
             # and a device copy moving the same bytes (N*K/2 read, N*K/2 written), graph-timed like the GEMM:
             # what a plain memory-bound kernel of this size takes, its fixed launch cost included
             r["copy_same_bytes_us"] = copy_ms(n * k // 2, graph=True)[0] * 1e3
+            # and the read floor: a kernel that only reads the weight's bytes from device memory, timed as
+            # the GEMM is (bench/read_floor.py): no GEMM of this size is faster on this GPU
+            if n * k not in floors:
+                floors[n * k] = read_floor_us(n * k)
+            r["read_floor_us"], r["read_floor_config"] = floors[n * k]
+            r["over_read_floor"] = r["ms"] * 1e3 / r["read_floor_us"]
         done("dense", (m, n, k), r)
     for g, m, n, k in GROUPED:
         done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg, cold))

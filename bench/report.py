@@ -88,17 +88,24 @@ def gemm_section(d: dict, path: str) -> str:
                 if rotated else "")
     mem_text = ""  # a run without dense rows of M <= 64 (bench/gemm.py on a subset) has no such table
     if mem:
+        floor = all("read_floor_us" in r for r in mem)  # runs before 2026-12-06 have no read floor
         mem_rows = "\n".join(f"| {tuple(r['shape'])} | {_cell(r['kernel'])} | {r['ms'] * 1e3:.1f} | "
                              f"{r['mem_limit_us']:.1f} | {r['over_mem_limit']:.2f} | {r['copy_same_bytes_us']:.1f} |"
+                             + (f" {r['read_floor_us']:.1f} | {r['over_read_floor']:.2f} |" if floor else "")
                              for r in mem)
+        floor_text = ("\n\"Read floor\" is the fastest kernel that only reads the weight's bytes from device memory "
+                      "(bench/read_floor.py), timed as the GEMMs are: rotated past the L2, launch and drain included. "
+                      "A GEMM of the row reads at least these bytes." if floor else "")
+        floor_head = " read floor (us) | ours / floor |" if floor else ""
+        floor_rule = "---:|---:|" if floor else ""
         mem_text = f"""
 Memory-bound rows (dense M <= 64): the limit is the weight's bytes (N x K) at the copy bandwidth
 measured in the same run ({d['copy_gbs']:.0f} GB/s, read + write); "copy, same bytes" is a device copy
 moving N x K bytes in all, graph-timed over one buffer (its fixed launch cost included; at these sizes
-the buffer fits in the 50 MB L2, so it can beat the bandwidth limit{rotated_copy}).
+the buffer fits in the 50 MB L2, so it can beat the bandwidth limit{rotated_copy}).{floor_text}
 
-| M, N, K | kernel | us | limit (us) | ours / limit | copy, same bytes (us) |
-|---|---|---:|---:|---:|---:|
+| M, N, K | kernel | us | limit (us) | ours / limit | copy, same bytes (us) |{floor_head}
+|---|---|---:|---:|---:|---:|{floor_rule}
 {mem_rows}
 """
     return f"""## Block-scaled FP8 GEMM (`bench/gemm.py`)
