@@ -36,6 +36,11 @@ DeepGEMM, the swapped kernel per ring depth and sm90_ws at its tile per ring dep
 every variant bit-identical to its kernel as shipped. Chose block_scaled.SWAP_STAGES and sm90_ws's
 STAGES_HALF and STAGES (docs/perf.md; 9ac8c27 also swept an L2 prefetch, dropped).
 
+--only grid: the dense decode shapes of 1, 16 and 64 rows over operand sets rotated past the L2, the
+swapped kernel per weight rows per program (32, 64, 128), ring depth and K splits beside the shipped
+dispatch and DeepGEMM: whether grids of a few programs per SM, balanced by the GPU as programs finish,
+stream the weights faster than one program per SM (bench/read_floor.py's fastest reads are such grids).
+
 --only pdl: the shipped dispatch on the dense decode shapes with the split reduction launched
 dependent on the GEMM (block_scaled.USE_PDL, shipped) and plainly, interleaved reps of each; the
 outputs must be bit-identical.
@@ -376,6 +381,51 @@ def _ring_shape(m, n, k, dg):
     return r
 
 
+GRID_WIDTHS = (32, 64, 128)  # the swapped kernel's weight rows per program (--only grid)
+GRID_STAGES = (4, 8, 12)
+GRID_SPLITS = (1, 2, 4)
+
+
+def _grid_shape(m, n, k, dg):
+    """The dense decode shape over operand sets rotated past the L2: the shipped dispatch, DeepGEMM and
+    the swapped kernel per (weight rows per program, ring depth, K splits): grids of a few programs
+    per SM, which the GPU balances as programs finish, against the one-program-per-SM grids shipped.
+    An unsplit candidate's output must equal the unsplit swapped kernel's bit for bit; a split one's is
+    the same products summed in split order (its relative L2 to the unsplit output is recorded)."""
+    sets = operand_sets(lambda: dense_inputs(m, n, k))
+    out = sets[0][4]
+    r = {"shape": [m, n, k], "operand_sets": len(sets), "shipped": _time(dense_call, sets)}
+    if dg is not None:
+        r["deepgemm"] = rotated_ms(lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg),
+                                   sets) * 1e3
+    with patched(USE_NARROW=False, USE_WS=False, SWAP_MAX_ROWS=64, FORCE_SPLIT_K=1):
+        ref = output_of(dense_call, sets[0], out)
+    for bn in GRID_WIDTHS:
+        for splits in GRID_SPLITS:
+            if cdiv(k, 128) < G.SWAP_MIN_BLOCKS * splits:
+                continue
+            for stages in GRID_STAGES:
+                with patched(USE_NARROW=False, USE_WS=False, SWAP_MAX_ROWS=64, SWAP_BLOCK_N=bn, SWAP_STAGES=stages,
+                             SWAP_STAGES_WAVES=stages, FORCE_SPLIT_K=splits):
+                    name = f"swap {bn}/s{stages}/k{splits}"
+                    if splits == 1:
+                        r[name] = _checked_time(dense_call, out, ref, sets, "the unsplit swapped kernel")
+                    else:
+                        t = _time(dense_call, sets)
+                        r[name] = t
+                        if isinstance(t, float):
+                            r[name + " rel_l2"] = rel_l2(output_of(dense_call, sets[0], out), ref)
+    ok = {c: t for c, t in r.items() if c.startswith("swap") and isinstance(t, float) and "rel_l2" not in c}
+    r["best"] = min(ok, key=ok.get) if ok else None
+    return r
+
+
+def grid_rows():
+    dg, _ = _deepgemm()
+    return _printed_rows(lambda m, n, k: _grid_shape(m, n, k, dg),
+                         [(m, n, k) for m in (1, 16, 64) for n, k in ((4096, 7168), (7168, 2048))], digits=2)
+
+
 def ring_rows():
     dg, _ = _deepgemm()
     return _printed_rows(lambda m, n, k: _ring_shape(m, n, k, dg), DENSE, digits=2)
@@ -385,7 +435,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--masked-em", type=int, nargs="+", help="masked shapes: only these expected_m")
-    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit", "ring"))
+    ap.add_argument("--only", choices=("dense", "masked", "ws", "tma", "pdl", "half", "colsplit", "ring", "grid"))
     args = ap.parse_args()
     res = {"env": environment()}
     if args.only == "ws":
@@ -400,6 +450,8 @@ def main():
         res["colsplit"] = colsplit_rows()
     if args.only == "ring":
         res["ring"] = ring_rows()
+    if args.only == "grid":
+        res["grid"] = grid_rows()
     if args.only in (None, "dense"):
         res["dense"] = dense_rows()
     if args.only in (None, "masked"):

@@ -80,3 +80,39 @@ def test_ring_sets_every_dense_tiles_depth_staged_or_not():
             assert W._ring(0, bm, bn, staged=False) == depth
             assert W._ring(0, bm, bn, staged=True) == depth
     assert (dict(W.STAGES_HALF), dict(W.SB_STAGE_TILES), W.STAGES_NARROW, W.STAGES_WIDE) == before
+
+
+def test_grid_sweep_checks_unsplit_variants_and_records_split_error(monkeypatch):
+    """_grid_shape times every width x split x ring depth of the swapped kernel through _checked_time (an
+    unsplit variant must write the unsplit kernel's bits, else it is reported, not timed) or, split,
+    records its relative L2 to them; here on CPU operands with the timer faked (the interpreter runs the
+    Triton kernels) and a dense call that miswrites one value in 32-row programs and rounds split sums
+    differently."""
+    from bench import gemm as BG
+
+    def cpu_inputs(m, n, k):
+        x = torch.randn(m, k, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(m + n + k))
+        w = torch.randn(n, k, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(n)) / k**0.5
+        a, sa = BG.T.per_token_group_quant(x, 128, scale_layout="col_tma")
+        b, sb = BG.B.quantize_weight_blocks(w)
+        return a, sa, b, sb, torch.empty(m, n, dtype=torch.bfloat16)
+
+    def call(a, sa, b, sb, out):
+        BG.dense_call(a, sa, b, sb, out)
+        if G.SWAP_BLOCK_N == 32 and G.FORCE_SPLIT_K == 1:
+            out[3, 5] += 1
+        if G.FORCE_SPLIT_K == 2:
+            out.mul_(1 + 2**-7)
+
+    monkeypatch.setattr(S, "dense_inputs", cpu_inputs)
+    monkeypatch.setattr(S, "dense_call", call)
+    monkeypatch.setattr(S, "operand_sets", lambda make: [make()])
+    monkeypatch.setattr(S, "_time", lambda call, sets=None: call(*sets[0]) or 5.0)
+    monkeypatch.setattr(S, "GRID_WIDTHS", (32, 64))
+    monkeypatch.setattr(S, "GRID_STAGES", (4,))
+    r = S._grid_shape(16, 128, 2048, None)
+    assert r["shipped"] == 5.0 and r["swap 64/s4/k1"] == 5.0 and r["swap 64/s4/k2"] == 5.0
+    assert r["swap 32/s4/k1"] == "differs from the unsplit swapped kernel"
+    assert 2**-8 < r["swap 64/s4/k2 rel_l2"] < 2**-6
+    assert "swap 64/s4/k4" not in r  # 16 K blocks cannot keep SWAP_MIN_BLOCKS per split 4 ways
+    assert r["best"] in ("swap 64/s4/k1", "swap 64/s4/k2", "swap 32/s4/k2")
