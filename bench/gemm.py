@@ -298,7 +298,7 @@ def main():
             # what a plain memory-bound kernel of this size takes, its fixed launch cost included
             r["copy_same_bytes_us"] = copy_ms(n * k // 2, graph=True)[0] * 1e3
             # and the read floor: a kernel that only reads the weight's bytes from device memory, timed as
-            # the GEMM is (bench/read_floor.py): no GEMM of this size is faster on this GPU
+            # the GEMM is (bench/read_floor.py): the GEMM reads at least these bytes
             if n * k not in floors:
                 floors[n * k] = read_floor_us(n * k)
             r["read_floor_us"], r["read_floor_config"] = floors[n * k]

@@ -4,11 +4,12 @@ each call reads device memory, not the cache the call before filled), its launch
 
     PYTHONPATH=. python3 bench/read_floor.py [--mb 14.68 29.36] [--out F]
 
-A memory-bound GEMM (a decode batch's weights) reads at least its weight's bytes, so no GEMM of that
-size can beat this floor on the same GPU; bench/gemm.py's limit (bytes at the large-copy bandwidth)
-leaves out the fixed cost of a launch, which dominates at a few MB. The floor is the fastest of a
-small sweep (words per program step, programs, warps); the kernel XORs every 32-bit word once, and
-the result is checked, so a configuration cannot pass by skipping bytes.
+A memory-bound GEMM (a decode batch's weights) reads at least its weight's bytes, so this floor (the
+fastest read of the sweep) is what a GEMM of that size can hope to approach on the same GPU;
+bench/gemm.py's limit (bytes at the large-copy bandwidth) leaves out the fixed cost of a launch, which
+dominates at a few MB. The floor is the fastest of a small sweep (words per program step, programs,
+warps); the kernel XORs every 32-bit word once, and the result is checked, so a configuration cannot
+pass by skipping bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from bench.common import dump, environment, operand_sets, rotated_ms
+from rtp_fp8.arch import num_sms
 
 BLOCKS = (1024, 4096)  # int32 words per program step (4 and 16 KB)
 PROGRAMS_PER_SM = (1, 2, 4, 8)  # persistent grids; and one program per step (one pass each)
@@ -74,7 +76,7 @@ def read_floor_us(nbytes: int, sms: int | None = None) -> tuple[float, dict]:
     """(microseconds, config) of the fastest configuration reading nbytes (rounded down to whole words)
     per call, over operand sets rotated past the L2 (config["each"]: every configuration's time);
     each configuration's XOR is checked first."""
-    sms = sms or torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = sms or num_sms(torch.cuda.current_device())
     nwords = nbytes // 4
     most = max(g for _, g, _ in configs(nwords, sms))
 
@@ -106,7 +108,7 @@ def main():
     args = ap.parse_args()
     env = environment()
     print(env)
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = num_sms(torch.cuda.current_device())
     rows = []
     for mb in args.mb:
         us, cfg = read_floor_us(int(mb * 1e6), sms)
