@@ -3,7 +3,8 @@ deep ring) against the shipped dispatch and DeepGEMM at bench/gemm.py's small-M 
 decode rows).
 
     PYTHONPATH=. python3 bench/sm90_narrow.py [--out n.json] [--block-n 32 64 128] [--stages 6 8 0]
-        [--rows 16 64 128 256] [--nk 4096x7168 7168x2048] [--multicast off|on|both] [--reps 2] [--no-deepgemm]
+        [--rows 16 64 128 256] [--nk 4096x7168 7168x2048] [--multicast off|on|both] [--pdl 0 1 2] [--reps 2]
+        [--no-deepgemm]
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
 (bench.common.operand_sets), so each call reads its weights from device memory. Each rep times the
@@ -28,11 +29,12 @@ from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
 
 
-def variants(block_ns, stages, dg, multicast=(False, True)):
+def variants(block_ns, stages, dg, multicast=(False, True), pdl=(0,)):
     """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, with programmatic dependent launches off
     (block_scaled.USE_PDL), with USE_NARROW off, the narrow kernel per block_n, stages ("narrow 64x64
-    s8"; s0: as many as fit) and multicast setting (" mc": 2-CTA clusters sharing A), DeepGEMM plainly
-    and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
+    s8"; s0: as many as fit), multicast setting (" mc": 2-CTA clusters sharing A) and pdl mode (" pdl1":
+    a programmatic dependent, " pdl2": one that lets its dependents launch early; none: a plain
+    launch), DeepGEMM plainly and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
 
     def without(*ops):  # the kernel the narrow kernel replaces (the swapped kernel or sm90_ws)
         with patched(USE_NARROW=False):
@@ -43,9 +45,11 @@ def variants(block_ns, stages, dg, multicast=(False, True)):
             dense_call(*ops)
 
     out = [("dispatch", dense_call), ("dispatch no pdl", no_pdl), ("without narrow", without)]
-    out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}", lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc:
-             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st, mc))
-            for bn in block_ns for st in stages for mc in multicast if st <= _ext.fp8_gemm_sm90_narrow_stages(bn)]
+    out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}{f' pdl{pd}' if pd else ''}",
+             lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc, pd=pd: _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st,
+                                                                                           mc, pd))
+            for bn in block_ns for st in stages for mc in multicast for pd in pdl
+            if st <= _ext.fp8_gemm_sm90_narrow_stages(bn)]
     if dg is not None:
         out.append(("deepgemm", lambda a, sa, b, sb, o: D.fp8_gemm_nt(a, sa, b, sb, o, A.detect(), dg)))
 
@@ -77,6 +81,9 @@ def main():
     ap.add_argument("--nk", nargs="+", type=nk_pair, default=list(EXPERT_NK),
                     help="NxK of the weights, e.g. 7168x2048 (default: DeepSeek-V3's expert gate_up and down)")
     ap.add_argument("--multicast", choices=["off", "on", "both"], default="both")
+    ap.add_argument("--pdl", type=int, nargs="+", choices=[0, 1, 2], default=[0],
+                    help="the narrow kernel's launch modes to time (0 plain, 1 a programmatic dependent, "
+                         "2 one that lets its dependents launch early)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
     args = ap.parse_args()
@@ -87,7 +94,7 @@ def main():
     print(env)
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {bandwidth:.0f} GB/s", flush=True)
     todo = variants(args.block_n, args.stages, dg, {"off": (False,), "on": (True,), "both": (False, True)}[
-        args.multicast])
+        args.multicast], tuple(args.pdl))
     rows = []
     for m in args.rows:
         for n, k in args.nk:

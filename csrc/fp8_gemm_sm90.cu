@@ -207,6 +207,13 @@ __device__ __forceinline__ void drain_ring(uint32_t empty0, int stages, int s, u
   }
 }
 
+// Programmatic dependent launch (cudaLaunchAttributeProgrammaticStreamSerialization): the grid may
+// start while the stream's kernel before it still runs. griddepcontrol.wait returns once that kernel has
+// completed and its writes are visible (at once in a plain launch); launch_dependents lets the stream's
+// next programmatic dependent launch once every CTA of this grid has issued it or exited.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
@@ -613,6 +620,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // multicast: 2-CTA clusters on column tiles 2q and 2q + 1 of one row tile; each CTA loads one half of
 // the A tile's rows and multicasts it into both, so A is read from the L2 once per two tiles. A slot
 // is then free once both CTAs' consumers released it. Without: one CTA per tile unit, its ring its own.
+// pdl 1 or 2: launched as a programmatic dependent of the stream's kernel before, whose tail then
+// overlaps this grid's launch and set-up (barriers, tensor-map prefetch); every thread waits for that
+// kernel (griddepcontrol.wait) before it touches global memory: no load, prefetch or store ahead of it.
+// pdl 2 also lets the stream's next programmatic dependent launch once the producer issued its last load.
 constexpr int kNarrowBM = 64, kNarrowThreads = 256;
 constexpr int kNarrowABytes = kNarrowBM * kBK;  // 8 KB
 constexpr int kNarrowSABytes = kNarrowBM * 4;   // 256 B
@@ -639,6 +650,7 @@ struct NarrowParams {
   int m, n, kb, tiles_m, tiles_n, units, stages;
   int a_box_rows;  // rows of A loaded per tile (M's rows rounded up to 16 where M < 64), both halves
   int multicast;   // 1: 2-CTA clusters sharing A (units are pairs of column tiles), 0: one CTA per tile
+  int pdl;         // 0: a plain launch; 1: a programmatic dependent; 2: one that lets its dependents launch early
 };
 
 // Unit u (a tile, or a pair of column tiles when multicasting) -> this CTA's row and column tile.
@@ -672,11 +684,12 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if (threadIdx.x == 128) prefetch_tensormaps(&map_a, &map_b, &map_sa);  // the producer's thread (kernel parameters)
   cluster_sync();  // both CTAs' barriers exist before either multicasts into them
+  if (p.pdl) grid_dependency_wait();  // before any thread reads an operand or writes out
 
   if (wg == 1) {
     if (__shfl_sync(0xffffffff, tid / 32, 0) == 0 && elect_one()) {
-      prefetch_tensormaps(&map_a, &map_b, &map_sa);
       const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + kNarrowSABytes;
       const int half = p.a_box_rows / 2;
       int s = 0;
@@ -700,6 +713,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
           if (++s == stages) s = 0, phase ^= 1;
         }
       }
+      if (p.pdl == 2) launch_dependents();
       drain_ring(empty0, stages, s, phase);
     }
   } else {
@@ -1055,7 +1069,7 @@ int narrow_max_stages(int bn) {
 
 template <int BN>
 void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
-                   at::Tensor& out, int stages, bool multicast) {
+                   at::Tensor& out, int stages, bool multicast, int pdl) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0), kb = (k + kBK - 1) / kBK;
   NarrowParams p;
   p.sb = sb.data_ptr<float>();
@@ -1073,6 +1087,7 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   p.units = static_cast<int>(units);
   p.stages = stages;
   p.multicast = multicast ? 1 : 0;
+  p.pdl = pdl;
   // A's rows per tile: M's rounded up to 16 where M < 64 (TMA's out-of-bounds rows cost time; 16 so
   // that each multicast half starts on a 1024-byte swizzle period). The tile's other rows keep what
   // they held and are never stored.
@@ -1087,16 +1102,23 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   const void* kernel = reinterpret_cast<const void*>(fp8_gemm_sm90_narrow_kernel<BN>);
   const int fit = fit_at_once(kernel, kNarrowThreads, smem, multicast, "fp8_gemm_sm90_narrow");
   const int grid = static_cast<int>(std::min<int64_t>(units, fit));
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = launch_config(grid, smem, attr, kNarrowThreads, multicast);
+  if (pdl) {  // a programmatic dependent of the stream's kernel before (captured into graphs as such)
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++cfg.numAttrs;
+  }
   cfg.stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_narrow_kernel<BN>, map_a, map_b, map_sa, p));
 }
 
 void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
-                          at::Tensor& out, int64_t block_n, int64_t stages, bool multicast) {
+                          at::Tensor& out, int64_t block_n, int64_t stages, bool multicast, int64_t pdl) {
   check_common(a, sa, b, sb, out, 1, 0, 2);
   check_block_n(block_n, "fp8_gemm_sm90_narrow");
+  TORCH_CHECK(pdl >= 0 && pdl <= 2, "fp8_gemm_sm90_narrow: pdl must be 0 (a plain launch), 1 (a programmatic "
+              "dependent) or 2 (one that lets its dependents launch early), got ", pdl);
   TORCH_CHECK((a.size(1) + kBK - 1) / kBK * 4 <= kNarrowSBBytes, "fp8_gemm_sm90_narrow: K = ", a.size(1),
               " is over ", kNarrowSBBytes / 4 * kBK, " (the tile's B-scale row is staged in shared memory)");
   const int most = narrow_max_stages(static_cast<int>(block_n));
@@ -1107,13 +1129,13 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
   check_sm90(a);
   const int st = stages ? static_cast<int>(stages) : most;
   if (block_n == 32) {
-    launch_narrow<32>(a, sa, b, sb, out, st, multicast);
+    launch_narrow<32>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
   } else if (block_n == 64) {
-    launch_narrow<64>(a, sa, b, sb, out, st, multicast);
+    launch_narrow<64>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
   } else if (block_n == 112) {
-    launch_narrow<112>(a, sa, b, sb, out, st, multicast);
+    launch_narrow<112>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
   } else {
-    launch_narrow<128>(a, sa, b, sb, out, st, multicast);
+    launch_narrow<128>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
   }
 }
 
@@ -1132,7 +1154,7 @@ TORCH_LIBRARY_FRAGMENT(rtp_fp8_C, m) {
       "fp8_gemm_sm90_contiguous(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor ids, Tensor(a!) out, "
       "Tensor(b!) counters, int group_m, int clusters, bool multicast) -> ()");
   m.def("fp8_gemm_sm90_clusters(int k) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_clusters);
-  m.def("fp8_gemm_sm90_narrow(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int block_n, int stages, bool multicast) -> ()");
+  m.def("fp8_gemm_sm90_narrow(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, int block_n, int stages, bool multicast, int pdl=0) -> ()");
   m.def("fp8_gemm_sm90_narrow_stages(int block_n) -> int", &rtp_fp8::gemm90::fp8_gemm_sm90_narrow_stages);
 }
 TORCH_LIBRARY_IMPL(rtp_fp8_C, CUDA, m) {

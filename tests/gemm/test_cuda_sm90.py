@@ -14,6 +14,8 @@ tiles take it (column splits too).
 CPU: block_scaled.cluster_refusal's reasons and wide_tiles' grids.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -196,13 +198,22 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     splits = G.swap_config(64, 2048, 7168, 64, 132)[3]
     assert splits > 1 and G.narrow_refusal(a200[:64], sa200[:64], b4[:2048], sb4[:16], out200[:64, :2048]) == (
         f"the swapped kernel splits K {splits} ways and 64 tiles of 64x32 fill fewer than 0.875 of 132 SMs")
-    assert G.narrow_refusal(a200[:15], sa200[:15], b4, sb4, out200[:15]) == "M=15 outside 16..128"
+    # 1-7 rows: 64x64 tiles in one wave where the swapped kernel would not split K; from 8 rows 64x32 tiles
+    assert G.narrow_refusal(a200[:7], sa200[:7], b4, sb4, out200[:7]) == (
+        "M=7 < 8 rows where the swapped kernel splits K 4 ways")
+    assert G.narrow_refusal(a200[:8], sa200[:8], b4, sb4, out200[:8]) is None  # 128 tiles of 64x32
+    for rows in (1, 7):
+        assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) is None  # 112 tiles of 64x64
+    b2, sb2 = torch.empty(16384, k, dtype=torch.float8_e4m3fn), torch.empty(128, k // 128)
+    assert G.narrow_refusal(a80[:1], sa80[:1], b2, sb2, torch.empty(1, 16384, dtype=torch.bfloat16)) == (
+        "M=1 < 8 rows in 256 tiles of 64x64 over 132 SMs")
     # (128, 1024, 7168): 32 tiles, which sm90_ws splits 4 ways to fill the GPU; each narrow tile reads all of K
     assert G.narrow_refusal(a200[:128], sa200[:128], b4[:1024], sb4[:8], out200[:128, :1024]) == (
         "sm90_ws splits K 4 ways")
     # (80, 7168, 2048): 224 tiles of 64x64 would make two waves; 128 of 64x112 make one
     assert G.narrow_refusal(a80, sa80, b, sb, out80) is None
-    assert [G.narrow_block_n(r, 7168, 132) for r in (16, 33, 64, 65, 80, 112, 113)] == [32, 32, 32, 112, 112, 112, 64]
+    assert [G.narrow_block_n(r, 7168, 132) for r in (1, 7, 8, 16, 33, 64, 65, 80, 112, 113)] == [
+        64, 64, 32, 32, 32, 32, 112, 112, 112, 64]
     # (128, 7168, 2048): over 112 rows 64x112 tiles lost to sm90_ws's 128x64
     a128, sa128, out128 = torch.empty(128, k, dtype=torch.float8_e4m3fn), torch.empty(k // 128, 128).t(), \
         torch.empty(128, n, dtype=torch.bfloat16)
@@ -227,27 +238,29 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     assert G.narrow_refusal(a, sa, b, sb, out) == "USE_NARROW is off"
     assert [G.narrow_stages(k) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 12, 12]
     assert [G.narrow_stages(k, 112) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 9, 9]
+    assert [G.narrow_stages(k, 64) for k in (128, 2048, 4096, 7168, 16384)] == [8, 8, 8, 12, 12]
 
 
 @pytest.mark.gpu_sm90
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
                                    (100, 1000, 384), (16, 7168, 2048), (20, 4096, 7168), (32, 4096, 7168),
-                                   (64, 4096, 7168), (112, 7168, 2048), (80, 7000, 640)])
-def test_dispatch_takes_the_narrow_kernel_for_16_to_128_rows(monkeypatch, m, n, k):
+                                   (64, 4096, 7168), (112, 7168, 2048), (80, 7000, 640), (1, 7168, 2048),
+                                   (7, 7168, 2048), (8, 4096, 7168), (5, 264, 640)])
+def test_dispatch_takes_the_narrow_kernel_for_1_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []
     real = G._ext.fp8_gemm_sm90_narrow
 
-    def spy(a, sa, b, sb, out, block_n, stages):
-        calls.append((tuple(a.shape), block_n, stages))
-        return real(a, sa, b, sb, out, block_n, stages)
+    def spy(a, sa, b, sb, out, block_n, stages, pdl):
+        calls.append((tuple(a.shape), block_n, stages, pdl))
+        return real(a, sa, b, sb, out, block_n, stages, pdl=pdl)
 
     monkeypatch.setattr(G._ext, "fp8_gemm_sm90_narrow", spy)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     G.fp8_gemm_nt(a, sa, b, sb, out=out)
     bn = G.narrow_block_n(m, n, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert calls == [((m, k), bn, G.narrow_stages(k, bn))]
+    assert calls == [((m, k), bn, G.narrow_stages(k, bn), G.NARROW_PDL)]
     assert_bits_equal(out, _triton(monkeypatch, a, sa, b, sb), f"({m}, {n}, {k})")
     with monkeypatch.context() as mp:  # off: the kernel it replaced (swapped or sm90_ws), not it
         mp.setattr(G, "USE_NARROW", False)
@@ -357,14 +370,15 @@ def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (64, 7168, 2048), (100, 131, 1664),
                                    (128, 4096, 128), (40, 520, 256), (256, 7168, 512)])
 @pytest.mark.parametrize("block_n", [32, 64, 112, 128])
-@pytest.mark.parametrize("stages,multicast", [(2, False), (0, False), (3, True), (0, True)])
-def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast):
+@pytest.mark.parametrize("stages,multicast,pdl", [(2, False, 0), (0, False, 1), (3, True, 2), (0, True, 0)])
+def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast, pdl):
     a, sa, b, sb = _ops(m, n, k, seed=m + n + k + block_n)
     width = (n + 24 + 7) // 8 * 8  # a row stride of whole 16-byte units
     buf = torch.full((m + 3, width), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[1:m + 1, 8:n + 8]
-    _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n, stages, multicast)
-    _check_framed(monkeypatch, buf, out, (a, sa, b, sb), f"({m}, {n}, {k}) 64x{block_n} s{stages} mc {multicast}")
+    _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n, stages, multicast, pdl)
+    _check_framed(monkeypatch, buf, out, (a, sa, b, sb),
+                  f"({m}, {n}, {k}) 64x{block_n} s{stages} mc {multicast} pdl {pdl}")
 
 
 @pytest.mark.gpu_sm90
@@ -374,8 +388,9 @@ def test_narrow_graph_replay_and_bad_arguments():
     out = torch.full((64, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
     _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out)
     first = out.clone()
-    assert_bits_equal(_replayed(out, lambda: _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, 64, 0, True)), first,
-                      "graph replay")
+    for pdl in (0, 1, 2):  # a programmatic dependent is captured as such
+        call = functools.partial(_ext.fp8_gemm_sm90_narrow, a, sa, b, sb, out, 64, 0, True, pdl)
+        assert_bits_equal(_replayed(out, call), first, f"graph replay, pdl {pdl}")
     most = _ext.fp8_gemm_sm90_narrow_stages(64)
     assert 2 <= most <= 16
     assert _ext.fp8_gemm_sm90_narrow_stages(G.NARROW_WIDE_BLOCK_N) == G.NARROW_WIDE_STAGES  # the dispatch's cap
@@ -383,6 +398,9 @@ def test_narrow_graph_replay_and_bad_arguments():
                         (64, most + 1, "stages must be 0")]:
         with pytest.raises(RuntimeError, match=msg):
             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
+    for pdl in (-1, 3):
+        with pytest.raises(RuntimeError, match="pdl must be 0"):
+            _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, 64, 0, False, pdl)
     with pytest.raises(RuntimeError, match="sa must be column-major"):
         _ext.fp8_gemm_sm90_narrow(a, sa.contiguous(), b, sb, out)
     big = _ops(1, 128, G.NARROW_MAX_K + 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB

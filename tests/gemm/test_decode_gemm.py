@@ -106,7 +106,7 @@ def test_ring_stages():
                                           (33, 136, 384, 2), (64, 256, 1024, 4)])
 def test_dense_swapped_kernel(monkeypatch, device, fmt, m, n, k, splits):
     """Dense M <= SWAP_MAX_ROWS runs the swapped kernel (forced splits included; the CUDA narrow
-    kernel, which takes 16-64 rows before it on SM90, off) and matches the oracle and, to the last
+    kernel, which takes 1-64 rows before it on SM90, off) and matches the oracle and, to the last
     bit, the unswapped kernel."""
     a, sa, b, sb = _dense(m, n, k, fmt, device, seed=m * 7 + n + k)
     monkeypatch.setattr(G, "USE_NARROW", False)

@@ -4,9 +4,10 @@ writer that lets its dependents launch at once (griddepcontrol.launch_dependents
 while, then copies `out` away and writes every operand the GEMM reads (A, B, both scales, masked_m)
 over an older operand set. The GEMM must read the new operands (not the old set it would find if it
 loaded before waiting) and must not write `out` before the writer read it: its output must be the bits
-of a plain launch on the new operands. The decode calls launched plainly (the unsplit swapped kernel,
-the narrow kernel, the masked swapped kernel) run the same check, so that a launch made programmatic
-later without its wait fails here."""
+of a plain launch on the new operands. The narrow kernel (a programmatic dependent where USE_PDL) runs
+it in both of its modes (block_scaled.NARROW_PDL 1 and 2). The decode calls launched plainly (the
+unsplit swapped kernel, the masked swapped kernel) run the same check, so that a launch made
+programmatic later without its wait fails here."""
 
 import pytest
 import torch
@@ -77,7 +78,8 @@ def _late_writes_then(call, old, new, out):
 
 @pytest.mark.parametrize("m,n,k,kernel", [
     (1, 4096, 7168, "swap"),  # 4 K splits, then the split reduction
-    (8, 7168, 2048, "swap"),  # unsplit
+    (1, 16384, 2048, "swap"),  # unsplit (256 tiles of 64x64 would overfill the narrow kernel's one wave)
+    (4, 7168, 2048, "narrow"),  # 64x64 tiles below 8 rows
     (32, 4096, 7168, "narrow"),  # where the swapped kernel would split K
     (64, 7168, 2048, "narrow"),
     (128, 4096, 7168, "narrow"),
@@ -95,12 +97,17 @@ def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, ker
             pytest.skip(f"the narrow kernel does not run here: {why}")
     else:
         assert m <= G.SWAP_MAX_ROWS and G.USE_SWAP and G._pdl_args(plain.device, True)
-    assert_bits_equal(G.fp8_gemm_nt(*new), plain, "a dependent launch")  # and its kernels compiled before the race
-    poison = torch.randn(m, n, device="cuda").to(torch.bfloat16)
-    out = poison.clone()
-    saved = _late_writes_then(lambda a, sa, b, sb: G.fp8_gemm_nt(a, sa, b, sb, out=out), old, new, out)
-    assert_bits_equal(saved, poison, "out as the writer read it")  # the GEMM wrote it only after
-    assert_bits_equal(out, plain, f"({m}, {n}, {k}) {kernel} after a late writer")
+    for mode in (1, 2) if kernel == "narrow" else (None,):
+        if mode is not None:
+            monkeypatch.setattr(G, "NARROW_PDL", mode)
+            assert G.narrow_pdl() == mode
+        # and its kernels compiled before the race
+        assert_bits_equal(G.fp8_gemm_nt(*new), plain, "a dependent launch")
+        poison = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+        out = poison.clone()
+        saved = _late_writes_then(lambda a, sa, b, sb, out=out: G.fp8_gemm_nt(a, sa, b, sb, out=out), old, new, out)
+        assert_bits_equal(saved, poison, "out as the writer read it")  # the GEMM wrote it only after
+        assert_bits_equal(out, plain, f"({m}, {n}, {k}) {kernel} pdl {mode} after a late writer")
 
 
 def test_masked_swap_waits_for_masked_m_and_its_operands(monkeypatch):

@@ -317,7 +317,7 @@ def test_64_row_tiles_are_bit_identical_to_triton(monkeypatch, m, n, k, bn, via,
     buf = torch.full((m, n + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = buf[:, :n]
     if via == "dispatch":
-        monkeypatch.setattr(G, "USE_NARROW", False)  # it takes 16-128 rows first
+        monkeypatch.setattr(G, "USE_NARROW", False)  # it takes 1-128 rows first
         if m < G.SWAP_WS_MIN_ROWS:
             monkeypatch.setattr(G, "USE_SWAP", False)
         assert G.ws_splits(G.DENSE, a, b) == 1
@@ -366,7 +366,7 @@ def test_64_row_split_grids_before_the_swapped_kernel_are_bit_identical_to_the_t
     5120), was dropped after the H100: 32 tiles x 3 splits fill too few SMs, so plan() refused it and
     the dispatch fell back to the swapped kernel, as it should.)"""
     monkeypatch.setattr(G, "WS_SPLIT_BEFORE_SWAP", True)
-    monkeypatch.setattr(G, "USE_NARROW", False)  # it takes 16-128 rows first
+    monkeypatch.setattr(G, "USE_NARROW", False)  # it takes 1-128 rows first
     monkeypatch.setattr(W, "SB_STAGE_SPLIT", True)
     a, sa, b, sb = _ops(m, n, k, "cuda", seed=m + n + k)
     buf = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -36,7 +36,7 @@ def test_forced_split_matches_the_oracle_and_the_unsplit_kernel(monkeypatch, dev
     a, sa = T.per_token_group_quant(x, 128, scale_layout="col_tma")
     b, sb = B.quantize_weight_blocks(w)
     monkeypatch.setattr(G, "USE_WS", False)
-    monkeypatch.setattr(G, "USE_NARROW", False)  # on SM90 it takes 16-128 rows, unsplit
+    monkeypatch.setattr(G, "USE_NARROW", False)  # on SM90 it takes 1-128 rows, unsplit
     whole = G.fp8_gemm_nt(a, sa, b, sb, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device))
     monkeypatch.setattr(G, "FORCE_SPLIT_K", splits)
     outs = [G.fp8_gemm_nt(a, sa, b, sb, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device))

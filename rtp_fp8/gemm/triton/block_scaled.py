@@ -578,24 +578,47 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # (bench/sm90_narrow.py, the ring depths below): 64x32 at (16, 4096, 7168) and (32, 4096, 7168), split 4 ways in
 # the swapped kernel, 13.4 and 13.6 against 14.2 and 14.9 us; at (16, 7168, 2048) and (32, 7168, 2048) 8.1 and
 # 8.2 against 8.4 and 8.6. Below 16 rows the A box's out-of-bounds rows cost (1 row: 15.2 against 13.5), so
-# 1-15 rows keep the swapped kernel. (128, 4096, 7168)'s 128 tiles: 15.0 us against sm90_ws 64x64's 15.3 on the
-# H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in flight); (128, 7168, 2048)'s 224
-# lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower everywhere (docs/perf.md, eighteenth
-# to twenty-third #28 sessions).
+# 1-7 rows take 64x64 tiles, or the swapped kernel (below). (128, 4096, 7168)'s 128 tiles: 15.0 us against
+# sm90_ws 64x64's 15.3 on the H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in
+# flight); (128, 7168, 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower
+# everywhere (docs/perf.md, eighteenth to twenty-third #28 sessions).
+# Below NARROW_FEW_ROWS rows (the A box's out-of-bounds rows cost once per tile, so 64x32 tiles lose) the
+# narrow kernel takes 64x64 tiles, and only where they make one wave and the swapped kernel would not split
+# K. On the H100 with its programmatic launch (bench/sm90_narrow.py --pdl 0 2, twenty-seventh session):
+# (1, 7168, 2048) 7.05 us against the swapped kernel's 7.98 (64x32: 8.44); (1, 4096, 7168), which the
+# swapped kernel splits, keeps it (13.2; 64x64 13.0 there, but on the H200 12.0 against 10.7 as plain
+# launches). From 8 rows 64x32 tiles are as fast or faster: (8, 7168, 2048) 7.17 against 64x64's 7.14,
+# (8, 4096, 7168) 12.10 against the split swapped kernel's 13.66.
 USE_NARROW = True
-NARROW_MIN_ROWS = 16
+NARROW_MIN_ROWS = 1
+NARROW_FEW_ROWS = 8
 NARROW_MAX_ROWS = 128
-NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above, or NARROW_WIDE_BLOCK_N where 64x64 tiles overfill
+NARROW_BLOCK_N = 32  # NARROW_FEW_ROWS..SWAP_MAX_ROWS rows; 64 above and below, or NARROW_WIDE_BLOCK_N (see there)
 NARROW_WIDE_BLOCK_N = 112
 NARROW_WIDE_MAX_ROWS = 112
 NARROW_WIDE_STAGES = 9  # the most 64x112 ring slots (fp8_gemm_sm90_narrow_stages(112): 22.8 KB each)
 NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
 NARROW_SPLIT_FILL = 0.875  # where the swapped kernel would split K: the share of SMs 64x32 tiles must fill
+# The narrow kernel's launch where USE_PDL: csrc's pdl 2, a programmatic dependent that lets the next one launch
+# once its last load is issued (the next grid's set-up then overlaps this one's tail, on SMs it leaves free
+# or beside its CTAs where two fit). On the H100 (bench/sm90_narrow.py --pdl 0 1 2, twenty-seventh session)
+# at the dispatch's tiles: (16, 7168, 2048) 8.26 us plain, 8.10 with pdl 1 (a dependent that lets the next
+# launch only as it exits, as DeepGEMM's set_pdl does), 7.31 with pdl 2; (64, 4096, 7168) 13.71, 13.54, 12.76.
+NARROW_PDL = 2
+
+
+def narrow_pdl() -> int:
+    """The narrow kernel's pdl argument: NARROW_PDL where USE_PDL, else 0 (a plain launch). It waits for
+    the kernel before (griddepcontrol.wait) before it touches global memory (tests/gemm/test_pdl.py)."""
+    return NARROW_PDL if USE_PDL else 0
 
 
 def narrow_block_n(m: int, n: int, sms: int) -> int:
-    """The narrow kernel's tile width for M rows and N columns on `sms` SMs: 64x112 where more than `sms`
-    tiles of 64x64 would make a second wave and M is at most NARROW_WIDE_MAX_ROWS."""
+    """The narrow kernel's tile width for M rows and N columns on `sms` SMs: 64 below NARROW_FEW_ROWS,
+    NARROW_BLOCK_N up to SWAP_MAX_ROWS, above 64x112 where more than `sms` tiles of 64x64 would make a
+    second wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
+    if m < NARROW_FEW_ROWS:
+        return 64
     if m <= SWAP_MAX_ROWS:
         return NARROW_BLOCK_N
     if m > NARROW_WIDE_MAX_ROWS or cdiv(m, 64) * cdiv(n, 64) <= sms:
@@ -605,9 +628,10 @@ def narrow_block_n(m: int, n: int, sms: int) -> int:
 
 def narrow_stages(k: int, block_n: int = NARROW_BLOCK_N) -> int:
     """The narrow kernel's ring slots for K: a quarter of its K blocks, 6 to 12 (bench/sm90_narrow.py:
-    K=7168's 56 blocks ran fastest with 12, K=2048's 16 with 6; a deep ring over few blocks front-loads
-    its loads), at most NARROW_WIDE_STAGES for 64x112 tiles."""
-    stages = min(12, max(6, cdiv(k, GRAN) // 4))
+    K=7168's 56 blocks ran fastest with 12, K=2048's 16 with 6 in 64x32 tiles; a deep ring over few blocks
+    front-loads its loads), at least 8 for 64x64 tiles (at K=2048 8 beat 6 on the H100 and the H200, 1-64
+    rows, twenty-sixth and twenty-seventh sessions), at most NARROW_WIDE_STAGES for 64x112 tiles."""
+    stages = min(12, max(8 if block_n == 64 else 6, cdiv(k, GRAN) // 4))
     return min(stages, NARROW_WIDE_STAGES) if block_n == NARROW_WIDE_BLOCK_N else stages
 
 
@@ -634,7 +658,12 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     m, k = a.shape
     n, sms = b.shape[0], A.num_sms(a.device.index or 0)
     bn = narrow_block_n(m, n, sms)
-    if m <= SWAP_MAX_ROWS:
+    if m < NARROW_FEW_ROWS:
+        if (splits := swap_config(m, n, k, m, sms)[3]) > 1:
+            return f"M={m} < {NARROW_FEW_ROWS} rows where the swapped kernel splits K {splits} ways"
+        if (tiles := cdiv(n, bn)) > sms:
+            return f"M={m} < {NARROW_FEW_ROWS} rows in {tiles} tiles of 64x{bn} over {sms} SMs"
+    elif m <= SWAP_MAX_ROWS:
         splits = swap_config(m, n, k, m, sms)[3]
         # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
         if splits > 1 and (tiles := cdiv(n, bn)) < NARROW_SPLIT_FILL * sms:
@@ -882,7 +911,7 @@ def fp8_gemm_nt(a, sa, b, sb, out=None):
         return out
     if narrow_refusal(a, sa, b, sb, out, packed_a, sb_div) is None:
         bn = narrow_block_n(m, n, A.num_sms(a.device.index or 0))
-        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, narrow_stages(k, bn))
+        _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, narrow_stages(k, bn), pdl=narrow_pdl())
         return out
     if ws_before_swap(m, n, k, a.device) and _launch_ws(DENSE, a, sa, b, sb, sb, sb, 1, out, packed_a, sb_div):
         return out
