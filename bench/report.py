@@ -119,7 +119,7 @@ is what the shipped dispatch ran: `sm90_ws BMxBN[/S]` (warp-specialized Gluon, S
 `128x256 | BMxBN/S`: N's whole 128x256 tiles, then the other columns in their own call,
 `sm90_ws.column_split`), `cluster 2x128x256` (the CUDA kernel of csrc/fp8_gemm_sm90.cu taking
 sm90_ws's unsplit 128x256 tiles: 2-CTA clusters multicasting B, block_scaled.USE_CLUSTER),
-`narrow 64xBN/sS` (the CUDA kernel's 64xBN tiles for dense calls of 16-128 rows, S ring slots,
+`narrow 64xBN/sS` (the CUDA kernel's 64xBN tiles for dense calls of 1-128 rows, S ring slots,
 block_scaled.USE_NARROW), `swap TxBN/S` (the decode kernel: T-token by BN-weight-row tiles, S K splits)
 or `triton`; beside them the kernel the dispatch would take without them in the same run
 (USE_WS / USE_SWAP off, the same K splits; unsplit beside a column split and beside the narrow
