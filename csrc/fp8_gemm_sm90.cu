@@ -1127,15 +1127,15 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
               ", got ", stages);
   const c10::cuda::CUDAGuard guard(a.device());
   check_sm90(a);
-  const int st = stages ? static_cast<int>(stages) : most;
+  const int st = stages ? static_cast<int>(stages) : most, mode = static_cast<int>(pdl);
   if (block_n == 32) {
-    launch_narrow<32>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
+    launch_narrow<32>(a, sa, b, sb, out, st, multicast, mode);
   } else if (block_n == 64) {
-    launch_narrow<64>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
+    launch_narrow<64>(a, sa, b, sb, out, st, multicast, mode);
   } else if (block_n == 112) {
-    launch_narrow<112>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
+    launch_narrow<112>(a, sa, b, sb, out, st, multicast, mode);
   } else {
-    launch_narrow<128>(a, sa, b, sb, out, st, multicast, static_cast<int>(pdl));
+    launch_narrow<128>(a, sa, b, sb, out, st, multicast, mode);
   }
 }
 

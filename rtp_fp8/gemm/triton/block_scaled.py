@@ -561,13 +561,14 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
     return True
 
 
-# Dense calls of NARROW_MIN_ROWS..NARROW_MAX_ROWS rows on SM90 run the CUDA narrow kernel when the extension
-# is built (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same
-# products and promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows in 64x32 tiles
-# where the swapped kernel would not split K, or where it would and those tiles fill at least NARROW_SPLIT_FILL
-# of the SMs; above in 64x64 tiles that fill at most one wave, else, up to NARROW_WIDE_MAX_ROWS rows, in 64x112
-# tiles (NARROW_WIDE_BLOCK_N) that do; and only where sm90_ws would not split K. 64x112 is what DeepGEMM's SM90
-# cost model picks at (128, 7168, 2048): 128 tiles in one wave, where 64x64 makes 224 and sm90_ws's 128x64 112.
+# Dense calls of NARROW_MIN_ROWS..NARROW_MAX_ROWS rows on SM90 run the CUDA narrow kernel when the extension is built
+# (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same products and
+# promotion as the Triton kernel, bit-identical, unsplit): below NARROW_FEW_ROWS rows in 64x64 tiles (see there), from
+# it up to SWAP_MAX_ROWS rows in 64x32 tiles where the swapped kernel would not split K, or where it would and those
+# tiles fill at least NARROW_SPLIT_FILL of the SMs; above in 64x64 tiles that fill at most one wave, else, up to
+# NARROW_WIDE_MAX_ROWS rows, in 64x112 tiles (NARROW_WIDE_BLOCK_N) that do; and only where sm90_ws would not split K.
+# 64x112 is what DeepGEMM's SM90 cost model picks at (128, 7168, 2048): 128 tiles in one wave, where 64x64 makes 224
+# and sm90_ws's 128x64 112.
 # On the H100 (bench/sm90_narrow.py, twenty-fourth session) they beat sm90_ws's 128x64 at 80-112 rows: (80, 7168,
 # 2048) 9.7 against 10.5 us, (96, ...) 9.8 against 10.1, (80, 7168, 16384) 48.8 against 56.0, (96, ...) 45.4
 # against 53.5, (112, ...) 45.1 against 46.3; at 128 rows they do not ((128, 7168, 2048) 10.3 against 9.8).
@@ -577,7 +578,7 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # in flight (which took 5-23 % off multi-tile 64x32 grids). The H100 of the twenty-third session
 # (bench/sm90_narrow.py, the ring depths below): 64x32 at (16, 4096, 7168) and (32, 4096, 7168), split 4 ways in
 # the swapped kernel, 13.4 and 13.6 against 14.2 and 14.9 us; at (16, 7168, 2048) and (32, 7168, 2048) 8.1 and
-# 8.2 against 8.4 and 8.6. Below 16 rows the A box's out-of-bounds rows cost (1 row: 15.2 against 13.5), so
+# 8.2 against 8.4 and 8.6. In 64x32 tiles the A box's out-of-bounds rows cost (1 row: 15.2 against 13.5), so
 # 1-7 rows take 64x64 tiles, or the swapped kernel (below). (128, 4096, 7168)'s 128 tiles: 15.0 us against
 # sm90_ws 64x64's 15.3 on the H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in
 # flight); (128, 7168, 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower
@@ -658,15 +659,15 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     m, k = a.shape
     n, sms = b.shape[0], A.num_sms(a.device.index or 0)
     bn = narrow_block_n(m, n, sms)
-    if m < NARROW_FEW_ROWS:
-        if (splits := swap_config(m, n, k, m, sms)[3]) > 1:
-            return f"M={m} < {NARROW_FEW_ROWS} rows where the swapped kernel splits K {splits} ways"
-        if (tiles := cdiv(n, bn)) > sms:
-            return f"M={m} < {NARROW_FEW_ROWS} rows in {tiles} tiles of 64x{bn} over {sms} SMs"
-    elif m <= SWAP_MAX_ROWS:
-        splits = swap_config(m, n, k, m, sms)[3]
+    if m <= SWAP_MAX_ROWS:  # the swapped kernel's rows: its K splits decide
+        splits, tiles = swap_config(m, n, k, m, sms)[3], cdiv(n, bn)
+        if m < NARROW_FEW_ROWS:
+            if splits > 1:
+                return f"M={m} < {NARROW_FEW_ROWS} rows where the swapped kernel splits K {splits} ways"
+            if tiles > sms:
+                return f"M={m} < {NARROW_FEW_ROWS} rows in {tiles} tiles of 64x{bn} over {sms} SMs"
         # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
-        if splits > 1 and (tiles := cdiv(n, bn)) < NARROW_SPLIT_FILL * sms:
+        elif splits > 1 and tiles < NARROW_SPLIT_FILL * sms:
             return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{bn} "
                     f"fill fewer than {NARROW_SPLIT_FILL} of {sms} SMs")
     elif (tiles := cdiv(m, 64) * cdiv(n, bn)) > sms:
