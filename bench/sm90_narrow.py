@@ -31,9 +31,10 @@ from rtp_fp8.gemm import deepgemm as D
 
 def variants(block_ns, stages, dg, multicast=(False, True), pdl=(0,)):
     """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, with programmatic dependent launches off
-    (block_scaled.USE_PDL), with USE_NARROW off, the narrow kernel per block_n, stages ("narrow 64x64
-    s8"; s0: as many as fit), multicast setting (" mc": 2-CTA clusters sharing A) and pdl mode (" pdl1":
-    a programmatic dependent, " pdl2": one that lets its dependents launch early; none: a plain
+    (block_scaled.USE_PDL), with sm90_ws launched in pdl mode 1 or plainly (block_scaled.WS_PDL: "dispatch
+    ws pdl1", "dispatch ws plain"), with USE_NARROW off, the narrow kernel per block_n, stages ("narrow
+    64x64 s8"; s0: as many as fit), multicast setting (" mc": 2-CTA clusters sharing A) and pdl mode
+    (" pdl1": a programmatic dependent, " pdl2": one that lets its dependents launch early; none: a plain
     launch), DeepGEMM plainly and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
 
     def without(*ops):  # the kernel the narrow kernel replaces (the swapped kernel or sm90_ws)
@@ -44,7 +45,14 @@ def variants(block_ns, stages, dg, multicast=(False, True), pdl=(0,)):
         with patched(USE_PDL=False):
             dense_call(*ops)
 
-    out = [("dispatch", dense_call), ("dispatch no pdl", no_pdl), ("without narrow", without)]
+    def ws_pdl(mode):  # sm90_ws's launch mode alone (the rows it takes: 128-256)
+        def call(*ops):
+            with patched(WS_PDL=mode):
+                dense_call(*ops)
+        return call
+
+    out = [("dispatch", dense_call), ("dispatch no pdl", no_pdl), ("dispatch ws pdl1", ws_pdl(1)),
+           ("dispatch ws plain", ws_pdl(0)), ("without narrow", without)]
     out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}{f' pdl{pd}' if pd else ''}",
              lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc, pd=pd: _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st,
                                                                                            mc, pd))

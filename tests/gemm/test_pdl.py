@@ -4,8 +4,8 @@ writer that lets its dependents launch at once (griddepcontrol.launch_dependents
 while, then copies `out` away and writes every operand the GEMM reads (A, B, both scales, masked_m)
 over an older operand set. The GEMM must read the new operands (not the old set it would find if it
 loaded before waiting) and must not write `out` before the writer read it: its output must be the bits
-of a plain launch on the new operands. The narrow kernel (a programmatic dependent where USE_PDL) runs
-it in both of its modes (block_scaled.NARROW_PDL 1 and 2). The decode calls launched plainly (the
+of a plain launch on the new operands. The narrow kernel and sm90_ws (programmatic dependents where
+USE_PDL) run it in both of their modes (block_scaled.NARROW_PDL, WS_PDL 1 and 2). The decode calls launched plainly (the
 unsplit swapped kernel, the masked swapped kernel) run the same check, so that a launch made
 programmatic later without its wait fails here."""
 
@@ -83,6 +83,9 @@ def _late_writes_then(call, old, new, out):
     (32, 4096, 7168, "narrow"),  # where the swapped kernel would split K
     (64, 7168, 2048, "narrow"),
     (128, 4096, 7168, "narrow"),
+    (128, 7168, 2048, "ws"),  # sm90_ws 128x64 (the narrow kernel's 224 tiles of 64x64 would make two waves)
+    (256, 7168, 2048, "ws"),  # sm90_ws 128x128
+    (128, 1024, 7168, "ws"),  # sm90_ws 64x64 in 4 K splits, then the split reduction
 ])
 def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, kernel):
     old, new = dense_operands(m, n, k, seed=m + n), dense_operands(m, n, k, seed=m + n + 1)
@@ -95,12 +98,17 @@ def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, ker
     if kernel == "narrow":
         if (why := G.narrow_refusal(*new, plain)) is not None:
             pytest.skip(f"the narrow kernel does not run here: {why}")
+    elif kernel == "ws":
+        if G.narrow_refusal(*new, plain) is None or G.ws_refusal(G.DENSE, *new, plain, False, G.GRAN) is not None:
+            pytest.skip(f"sm90_ws does not run ({m}, {n}, {k}) here")
+        pdls, launch = [], G.sm90_ws.launch
+        monkeypatch.setattr(G.sm90_ws, "launch", lambda *a, **kw: pdls.append(kw["pdl"]) or launch(*a, **kw))
     else:
         assert m <= G.SWAP_MAX_ROWS and G.USE_SWAP and G._pdl_args(plain.device, True)
-    for mode in (1, 2) if kernel == "narrow" else (None,):
+    for mode in (1, 2) if kernel != "swap" else (None,):
         if mode is not None:
-            monkeypatch.setattr(G, "NARROW_PDL", mode)
-            assert G.narrow_pdl() == mode
+            monkeypatch.setattr(G, "NARROW_PDL" if kernel == "narrow" else "WS_PDL", mode)
+            assert (G.narrow_pdl() if kernel == "narrow" else G.ws_pdl()) == mode
         # and its kernels compiled before the race
         assert_bits_equal(G.fp8_gemm_nt(*new), plain, "a dependent launch")
         poison = torch.randn(m, n, device="cuda").to(torch.bfloat16)
@@ -108,15 +116,22 @@ def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, ker
         saved = _late_writes_then(lambda a, sa, b, sb, out=out: G.fp8_gemm_nt(a, sa, b, sb, out=out), old, new, out)
         assert_bits_equal(saved, poison, "out as the writer read it")  # the GEMM wrote it only after
         assert_bits_equal(out, plain, f"({m}, {n}, {k}) {kernel} pdl {mode} after a late writer")
+        if kernel == "ws":
+            assert pdls and set(pdls) == {mode}
+            pdls.clear()
+
+
+def _masked_race(cap_n_k, seed, old_m, new_m):
+    """(old, new, plain): two masked operand sets of 4 experts (operands and masked_m; seeds seed and
+    seed + 1) and a zeroed output for them."""
+    cap, n, k = cap_n_k
+    sets = [(*masked_operands(4, cap, n, k, "fp32", "cuda", seed=seed + i),
+             torch.tensor(mm, dtype=torch.int32, device="cuda")) for i, mm in enumerate((old_m, new_m))]
+    return sets[0], sets[1], torch.zeros(4, cap, n, dtype=torch.bfloat16, device="cuda")
 
 
 def test_masked_swap_waits_for_masked_m_and_its_operands(monkeypatch):
-    e, cap, n, k = 4, 32, 4096, 2048
-    old = (*masked_operands(e, cap, n, k, "fp32", "cuda", seed=3),
-           torch.tensor([0, 5, 32, 1], dtype=torch.int32, device="cuda"))
-    new = (*masked_operands(e, cap, n, k, "fp32", "cuda", seed=4),
-           torch.tensor([17, 32, 3, 0], dtype=torch.int32, device="cuda"))
-    plain = torch.zeros(e, cap, n, dtype=torch.bfloat16, device="cuda")
+    old, new, plain = _masked_race((32, 4096, 2048), 3, [0, 5, 32, 1], [17, 32, 3, 0])
     with monkeypatch.context() as mp:
         mp.setattr(G, "USE_PDL", False)
         G.m_grouped_fp8_gemm_nt_masked(*new, 16, out=plain)
@@ -128,3 +143,27 @@ def test_masked_swap_waits_for_masked_m_and_its_operands(monkeypatch):
     for i, rows in enumerate([17, 32, 3, 0]):
         assert_bits_equal(out[i, :rows], plain[i, :rows], f"expert {i}'s {rows} rows")
         assert not bool(out[i, rows:].any())  # past the new masked_m: untouched (the old one would write them)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_masked_sm90_ws_waits_for_masked_m_and_its_operands(monkeypatch, mode):
+    """The masked GEMM at expected_m 256 (sm90_ws's masked mode, launched with WS_PDL) after the late writer."""
+    old, new, plain = _masked_race((256, 4096, 1024), 5, [0, 200, 256, 1], [129, 256, 3, 0])
+    if G.ws_refusal(G.MASKED, *new[:4], plain, expected_m=256) is not None:
+        pytest.skip("sm90_ws does not run the masked call here")
+    with monkeypatch.context() as mp:
+        mp.setattr(G, "USE_PDL", False)
+        G.m_grouped_fp8_gemm_nt_masked(*new, 256, out=plain)
+    monkeypatch.setattr(G, "WS_PDL", mode)
+    pdls, launch = [], G.sm90_ws.launch
+    monkeypatch.setattr(G.sm90_ws, "launch", lambda *a, **kw: pdls.append(kw["pdl"]) or launch(*a, **kw))
+    G.m_grouped_fp8_gemm_nt_masked(*new, 256, out=torch.zeros_like(plain))  # compiled before the race
+    out = torch.zeros_like(plain)
+    saved = _late_writes_then(
+        lambda a, sa, b, sb, mm: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, 256, out=out), old, new, out)
+    assert not bool(saved.any())  # written only after the writer read it
+    assert pdls == [mode, mode]
+    for i, rows in enumerate([129, 256, 3, 0]):
+        assert_bits_equal(out[i, :rows], plain[i, :rows], f"expert {i}'s {rows} rows, pdl {mode}")
+        # past the 128-row tiles of the new masked_m: untouched (the old one would write them)
+        assert not bool(out[i, (rows + 127) // 128 * 128:].any())

@@ -565,3 +565,84 @@ def test_sb_stage_through_the_dispatch_is_bit_identical(monkeypatch):
     assert staged and staged[-1] > 0
     ref = unstaged(G.m_grouped_fp8_gemm_nt_contiguous, a2, sa2, b2, sb2, ids, counters=cnt_ref)
     assert torch.equal(got, ref) and torch.equal(cnt, cnt_ref)
+
+
+def test_launch_refuses_a_pdl_mode_it_does_not_have():
+    a, sa, b, sb = _ops(128, 1024, 256, "cpu")
+    out = torch.empty(128, 1024, dtype=torch.bfloat16)
+    for pdl in (-1, 3, "2"):
+        with pytest.raises(ValueError, match="pdl must be 0"):
+            W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, out, pdl=pdl)
+
+
+def test_ws_pdl_follows_use_pdl(monkeypatch):
+    assert G.ws_pdl() == G.WS_PDL == 2
+    monkeypatch.setattr(G, "USE_PDL", False)
+    assert G.ws_pdl() == 0
+
+
+def _pdl_case(case, device="cuda"):
+    """(launch keyword arguments, a call(out, pdl) of sm90_ws.launch, out [poisoned, guard columns past n])."""
+    if case == "masked":
+        e, cap, n, k = 4, 256, 2112, 640
+        a, sa, b, sb = masked_operands(e, cap, n, k, "fp32", device, seed=5)
+        mm = torch.tensor([256, 0, 129, 1], dtype=torch.int32, device=device)
+        out = torch.full((e, cap, n), float("nan"), dtype=torch.bfloat16, device=device)
+        return out, out, lambda o, pdl: W.launch(G.MASKED, a, sa, b, sb, mm, mm, e, o, masked_rows=256, pdl=pdl)
+    if case == "contiguous":
+        ids, a, sa, b, sb, out, cnt = _grouped_case(2048, 1152, seed=3)
+
+        def call(o, pdl):
+            cnt.zero_()
+            W.launch(G.CONTIGUOUS, a, sa, b, sb, ids, cnt, 4, o, bn=128, pdl=pdl)
+        return out, out, call
+    m, n, k, kw = {"128x64": (128, 7168, 2048, {"bn": 64}), "64x64": (64, 7168, 2048, {"bm": 64, "bn": 64}),
+                   "split": (128, 1100, 1664, {"bm": 64, "bn": 64, "splits": 3})}[case]
+    a, sa, b, sb = _ops(m, n, k, device, seed=m + n)
+    if "splits" in kw:
+        out = torch.full((kw["splits"], m, n), float("nan"), dtype=torch.float32, device=device)
+        return out, out, lambda o, pdl: W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, o, pdl=pdl, **kw)
+    buf = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16, device=device)
+    return buf, buf[:, :n], lambda o, pdl: W.launch(G.DENSE, a, sa, b, sb, sb, sb, 1, o, pdl=pdl, **kw)
+
+
+@pytest.mark.gpu_sm90
+@pytest.mark.parametrize("case", ["128x64", "64x64", "split", "masked", "contiguous"])
+def test_pdl_launches_give_the_plain_launchs_bits_and_replay_in_graphs(case):
+    """sm90_ws launched as a programmatic dependent (pdl 1: it waits; 2: its producer also lets the next
+    dependent launch after its last load) writes the plain launch's bits (guard columns and, masked, the
+    rows past masked_m as they were), also captured in a CUDA graph (as such) and replayed."""
+    buf, out, call = _pdl_case(case)
+    call(out, 0)
+    plain = buf.clone()
+    for pdl in (1, 2):
+        buf.fill_(float("nan"))
+        call(out, pdl)
+        torch.cuda.synchronize()
+        assert torch.equal(buf.nan_to_num(7.0), plain.nan_to_num(7.0)), f"{case} pdl {pdl}"
+        buf.fill_(float("nan"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call(out, pdl)
+        buf.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(buf.nan_to_num(7.0), plain.nan_to_num(7.0)), f"{case} pdl {pdl}, graph replay"
+
+
+@pytest.mark.gpu_sm90
+def test_dispatch_launches_sm90_ws_with_ws_pdl(monkeypatch):
+    """Every sm90_ws launch of the dispatch takes ws_pdl(): WS_PDL, or 0 with USE_PDL off; same bits."""
+    a, sa, b, sb = _ops(128, 7168, 2048, "cuda", seed=9)  # 128x64 tiles (the narrow kernel's 224 would not fit)
+    pdls = []
+    launch = W.launch
+
+    def spy(*args, **kwargs):
+        pdls.append(kwargs.get("pdl", 0))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(G.sm90_ws, "launch", spy)
+    got = G.fp8_gemm_nt(a, sa, b, sb)
+    monkeypatch.setattr(G, "USE_PDL", False)
+    assert torch.equal(G.fp8_gemm_nt(a, sa, b, sb), got)
+    assert pdls == [G.WS_PDL, 0]

@@ -34,10 +34,10 @@ CHILD = """
 import json, pathlib, sys
 from rtp_fp8.gemm.triton import sm90_ws
 out = pathlib.Path(sys.argv[1])
+opt = lambda i: int(sys.argv[i]) if len(sys.argv) > i and sys.argv[i] != "-" else None
 kernel = sm90_ws.compile_sm90a(int(sys.argv[2]), int(sys.argv[3]), bn=int(sys.argv[4]), split=sys.argv[5] == "1",
                                bm=int(sys.argv[6]), a_rows=int(sys.argv[7]) or None,
-                               sb_prefetch=int(sys.argv[8]) if len(sys.argv) > 8 else None,
-                               sb_k=int(sys.argv[9]) if len(sys.argv) > 9 else None)
+                               sb_prefetch=opt(8), sb_k=opt(9), pdl=opt(10) or 0)
 (out / "kernel.ptx").write_text(kernel.asm["ptx"])
 (out / "meta.json").write_text(json.dumps({"num_warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared}))
 """
@@ -48,7 +48,8 @@ H = sm90_ws.HALF_BM
 
 def _compile(tmp_path, *args):
     """CHILD's compile of sm90_ws with these arguments (mode, epi_tma, bn, split, bm, a_rows[, sb_prefetch:
-    default launch()'s for bm[, sb_k: the staged B-scale run, default launch()'s for the tile]]) -> its PTX."""
+    default launch()'s for bm[, sb_k: the staged B-scale run, default launch()'s for the tile[, pdl]]]; "-": the
+    default) -> its PTX."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), *map(str, args)], check=True, cwd=ROOT, env=env)
@@ -164,3 +165,23 @@ def test_sb_stage_variants_compile_without_spills(tmp_path, mode, epi_tma, bn, s
     assert res.returncode == 0, res.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr
     assert "C7514" not in res.stderr and "serializ" not in res.stderr.lower(), res.stderr
+
+
+@pytest.mark.parametrize("mode,epi_tma,bn,split,bm", [
+    (0, 1, sm90_ws.NARROW_BN, 0, 128), (0, 1, 64, 0, H), (0, 0, 128, 1, 128), (1, 1, 128, 0, 128),
+    (2, 0, sm90_ws.WIDE_BN, 0, 128)],
+    ids=["narrow-dense", "half64-dense", "dense-split_k", "contiguous", "wide-masked"])
+@pytest.mark.parametrize("pdl", [0, 1, 2])
+def test_pdl_variants_wait_in_every_partition(tmp_path, mode, epi_tma, bn, split, bm, pdl):
+    """launch(pdl=...): a programmatic dependent (1, 2) runs griddepcontrol.wait once in each partition (the
+    consumer warpgroups and the producer warp: each reads or writes global memory only after it), 2 also
+    griddepcontrol.launch_dependents once (the producer, after its last load); a plain launch (0) neither.
+    ptxas for sm_90a reports no spills."""
+    ptx = _compile(tmp_path, mode, epi_tma, bn, split, bm, 0, "-", "-", pdl)
+    partitions = (1 if bm == H else 2) + 1
+    assert ptx.count("griddepcontrol.wait") == (partitions if pdl else 0)
+    assert ptx.count("griddepcontrol.launch_dependents") == (1 if pdl == 2 else 0)
+    res = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(tmp_path / "kernel.ptx"), "-o",
+                          str(tmp_path / "check.cubin")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in res.stderr, res.stderr

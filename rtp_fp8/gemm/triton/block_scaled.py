@@ -530,7 +530,7 @@ def wide_tiles(mode, m, n, splits, sms) -> bool:
 def _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out):
     """A dense or contiguous call in 128x256 tiles: the cluster kernel, else sm90_ws."""
     if cluster_refusal(a, out) is not None:
-        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out)
+        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, pdl=ws_pdl())
     elif mode == DENSE:
         _ext.fp8_gemm_sm90(a, sa, b, sb, out, CLUSTER_GROUP_M)
     else:
@@ -553,10 +553,10 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
         _launch_wide(mode, a, sa, b, sb, grp, cnt, e, out)
         return True
     if splits == 1:
-        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, masked_rows=expected_m)
+        sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, out, masked_rows=expected_m, pdl=ws_pdl())
         return True
     parts = torch.empty(splits, *out.shape, dtype=torch.float32, device=out.device)
-    sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, parts, splits=splits)
+    sm90_ws.launch(mode, a, sa, b, sb, grp, cnt, e, parts, splits=splits, pdl=ws_pdl())
     _reduce_splits(parts, out)
     return True
 
@@ -612,6 +612,20 @@ def narrow_pdl() -> int:
     """The narrow kernel's pdl argument: NARROW_PDL where USE_PDL, else 0 (a plain launch). It waits for
     the kernel before (griddepcontrol.wait) before it touches global memory (tests/gemm/test_pdl.py)."""
     return NARROW_PDL if USE_PDL else 0
+
+
+# sm90_ws's launch where USE_PDL: its pdl 2 (a programmatic dependent whose partitions wait before they touch
+# global memory, and whose producer lets the next dependent launch once it issued its last load). On the H100
+# (bench/sm90_narrow.py, 5 reps, twenty-eighth session; us plain / pdl 1 / pdl 2, DeepGEMM's PDL launch beside):
+# (128, 7168, 2048) in 128x64 tiles 10.0 / 9.8 / 8.9 (9.1); (256, 7168, 2048) in 128x128 11.7 / 11.6 / 10.9
+# (10.9); (256, 4096, 7168) in 128x64 19.9 / 18.9 / 18.7 (18.6; that tile's times spread over 18.3-21.3 in
+# every mode, DeepGEMM's over 18.5-18.7).
+WS_PDL = 2
+
+
+def ws_pdl() -> int:
+    """sm90_ws.launch's pdl argument: WS_PDL where USE_PDL, else 0 (a plain launch)."""
+    return WS_PDL if USE_PDL else 0
 
 
 def narrow_block_n(m: int, n: int, sms: int) -> int:

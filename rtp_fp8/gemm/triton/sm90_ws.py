@@ -27,6 +27,11 @@ promotion and the TMA issue run. Here the work is split as fast SM90 GEMMs split
 Persistent programs walk tiles pid, pid + nprog, ... in block_scaled's grouped-M order; all
 three partitions walk the same sequence.
 
+Launched as a programmatic dependent (launch(pdl=1 or 2); block_scaled.ws_pdl()), every partition runs
+griddepcontrol.wait before it touches global memory, so the kernel's set-up (shared memory, barriers)
+overlaps the grid before it; with pdl 2 the producer runs griddepcontrol.launch_dependents once it has
+issued its last load, so the next dependent's launch overlaps this grid's last MMAs and epilogue.
+
 Tile width: launch() takes what tile_n() says: 128x256 (WIDE_BN) where N is whole wide tiles and
 there are enough of them to fill the GPU, 128x64 (NARROW_BN) where even those make at most one
 wave (decode-sized M), else 128x128 (BN); `bn=` forces one.
@@ -348,14 +353,32 @@ def _consume_tile(c: gl.constexpr, row0, row_end, pid_n, e, k_lo, nk, g, t, desc
 
 
 @gluon.jit
+def _gdc_wait():
+    """griddepcontrol.wait: return once the grids this one depends on (a programmatic dependent launch)
+    have finished and their memory is visible; at once for a plain launch."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """griddepcontrol.launch_dependents: the next programmatic dependent may launch once every CTA of
+    this grid ran it or exited (it then waits in its own _gdc_wait for this grid to finish)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _consume(c: gl.constexpr, descs, bufs, ptrs, dims, cfg):
     """Consumer c: rows [c * 64, c * 64 + 64) of every 128-row tile; consumer 0 alone: all of
     every 64-row tile (dense only)."""
     MODE: gl.constexpr = cfg.shape[0] - 1  # see _ws_gemm_kernel: the flags travel as cfg's shape
     EPI_TMA: gl.constexpr = cfg.shape[1] - 1
     SBS: gl.constexpr = cfg.shape[3] - 1
+    PDL: gl.constexpr = cfg.shape[4] // 2
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
+    if PDL:  # a programmatic dependent: nothing in global memory before the grid before has finished
+        _gdc_wait()
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -470,8 +493,11 @@ def _produce(descs, bufs, ptrs, dims, cfg):
     MODE: gl.constexpr = cfg.shape[0] - 1
     PF: gl.constexpr = cfg.shape[2] - 1  # the launch's sb_prefetch (SB_PREFETCH_ROWS)
     SBS: gl.constexpr = cfg.shape[3] - 1  # and its sb_stage (SB_STAGE_TILES)
+    PDL: gl.constexpr = cfg.shape[4] // 2  # and its pdl
     TN: gl.constexpr = bufs[1].shape[1]
     TM: gl.constexpr = bufs[0].shape[1]  # tile rows: BM, or HALF_BM (dense)
+    if PDL:
+        _gdc_wait()
     d_ptr, sb_ptr, grp_ptr, cnt_ptr = ptrs
     M, N, K, E, TILES_M, GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, \
         stride_ws = dims
@@ -503,13 +529,15 @@ def _produce(descs, bufs, ptrs, dims, cfg):
             if PF:
                 _prefetch_scales(sb_ptr, e, pid_n * TN, k_lo, nk, N, TN, stride_sbe, stride_sbn, stride_sbk)
             g = _produce_tile(pid_m * TM, pid_m * TM, pid_n, e, k_lo, nk, g, descs, bufs, N, m_pad)
+    if PDL == 2:  # every load issued: the next dependent's launch may overlap this grid's last MMAs
+        _gdc_launch_dependents()
 
 
 @gluon.jit
 def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, sb_desc, d_ptr, sb_ptr, grp_ptr, cnt_ptr, M, N, K, E, TILES_M,
                     GROUP_M, stride_dm, stride_sbe, stride_sbn, stride_sbk, m_pad, stride_sae, SPLITS, stride_ws,
                     STAGES: gl.constexpr, MODE: gl.constexpr, EPI_TMA: gl.constexpr, num_warps: gl.constexpr,
-                    SB_PF: gl.constexpr = 0, SB_STAGE: gl.constexpr = 0):
+                    SB_PF: gl.constexpr = 0, SB_STAGE: gl.constexpr = 0, PDL: gl.constexpr = 0):
     # A's slot holds the tile's rows (a 64-row tile's whole wgmma operand when its box is 16 or 32 rows)
     HALF_M: gl.constexpr = a_desc.block_type.shape[0] <= 64  # a 64-row tile: one consumer
     TM: gl.constexpr = 64 if HALF_M else a_desc.block_type.shape[0]
@@ -536,10 +564,10 @@ def _ws_gemm_kernel(a_desc, b_desc, sa_desc, c_desc, sb_desc, d_ptr, sb_ptr, grp
         sb_bufs, sb_full, sb_empty = sa_bufs, full, empty
     # A constexpr reaches a worker partition as an i32 argument (its `if` stays a runtime branch, and
     # Triton 3.6 aborts lowering a tensor load in the dead side), while a shared-memory descriptor
-    # keeps its shape in its type: MODE, EPI_TMA, SB_PF and SB_STAGE travel as cfg's shape (24 bytes of
-    # shared memory at most).
-    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1, SB_STAGE + 1],
-                                    gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    # keeps its shape in its type: MODE, EPI_TMA, SB_PF, SB_STAGE and PDL travel as cfg's shape (64 bytes
+    # of shared memory at most; a dimension must be a power of two, so PDL's is 1 << PDL).
+    cfg = gl.allocate_shared_memory(gl.int8, [MODE + 1, EPI_TMA + 1, SB_PF + 1, SB_STAGE + 1, 1 << PDL],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))
     args = ((a_desc, b_desc, sa_desc, c_desc, sb_desc),
             (a_bufs, b_bufs, sa_bufs, c_bufs, full, empty, sb_bufs, sb_full, sb_empty),
             (d_ptr, sb_ptr, grp_ptr, cnt_ptr),
@@ -705,7 +733,7 @@ def _stages(bn, bm=BM):
 
 
 def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn=None, masked_rows=None,
-           splits=1, bm=None, stages=None, a_rows=None, sb_prefetch=None, sb_stage=None):
+           splits=1, bm=None, stages=None, a_rows=None, sb_prefetch=None, sb_stage=None, pdl=0):
     """D = A @ B^T into out; mode 0 dense (b [N, K]), 1 m-grouped contiguous (b [E, N, K], grp the
     int32 row ids, cnt the two counters), 2 m-grouped masked (a [E, M, K], out [E, M, N], grp
     masked_m, masked_rows the expected rows per expert); tiles bm x bn (default grid()'s). The
@@ -714,7 +742,12 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
     _stages; benchmarks sweep it); a_rows: A's box rows (default a_box_rows's); sb_prefetch: the
     producer's L2 prefetch of B-scale rows (default: for tile heights in SB_PREFETCH_ROWS); sb_stage:
     B-scale rows staged in shared memory, the ring then SB_STAGE_TILES's (default: for the tiles there,
-    unsplit unless SB_STAGE_SPLIT, where sb_stage_k allows; forced on where it does not, a ValueError)."""
+    unsplit unless SB_STAGE_SPLIT, where sb_stage_k allows; forced on where it does not, a ValueError);
+    pdl: 0 a plain launch, 1 a programmatic dependent (every partition waits, griddepcontrol.wait, before
+    it touches global memory), 2 one that also lets the next dependent launch once the producer issued
+    its last load (block_scaled passes ws_pdl())."""
+    if pdl not in (0, 1, 2):
+        raise ValueError(f"pdl must be 0 (a plain launch), 1 or 2 (a programmatic dependent), got {pdl!r}")
     m, k = a.shape[-2:]
     n = b.shape[-2]
     num_sms = A.num_sms(a.device.index or 0)
@@ -753,7 +786,7 @@ def launch(mode, a, sa, b, sb, grp, cnt, e, out, *, epi_tma=None, nprog=None, bn
                                sb.stride(-2), sb.stride(-1), sa.stride(-1), sa_e, splits, stride_ws,
                                STAGES=stages or _ring(mode, bm, bn, sb_stage), MODE=mode, EPI_TMA=int(epi_tma),
                                num_warps=4, maxnreg=168, SB_PF=_sb_prefetch(bm, sb_prefetch, sb_k),
-                               SB_STAGE=int(sb_k > 0))
+                               SB_STAGE=int(sb_k > 0), PDL=pdl, launch_pdl=bool(pdl))
     return out
 
 
@@ -787,12 +820,12 @@ def _sb_prefetch(bm, sb_prefetch=None, sb_k=0) -> int:
     return int(bm in SB_PREFETCH_ROWS if sb_prefetch is None else sb_prefetch)
 
 
-def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None, sb_k=None):
+def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, sb_prefetch=None, sb_k=None, pdl=0):
     """Offline compile for sm_90a (no GPU needed): -> triton CompiledKernel (asm: ttgir, ptx, cubin).
     split: the variant storing FP32 split-K partials; bm HALF_BM: 64-row tiles; a_rows: A's box rows;
     sb_prefetch: the producer's B-scale prefetch (default: as launch() takes it for bm); sb_k: the
     staged B-scale run (sb_stage_k's; 0: none; default: as launch() takes it for the tile at K=7168,
-    SB_STAGE_TILES's ring with it)."""
+    SB_STAGE_TILES's ring with it); pdl: as launch() takes it."""
     bn = bn or BN
     if sb_k is None:
         sb_k = 64 if sb_stage_default(mode, bm, bn, 64, 2 if split else 1) else 0
@@ -807,7 +840,7 @@ def compile_sm90a(mode=0, epi_tma=0, bn=None, split=False, bm=BM, a_rows=None, s
     sig |= {name: "i32" for name in ("M", "N", "K", "E", "TILES_M", "GROUP_M", "stride_dm", "stride_sbe",
                                      "stride_sbn", "stride_sbk", "m_pad", "stride_sae", "SPLITS", "stride_ws")}
     const = {"STAGES": _ring(mode, bm, bn, sb_k > 0), "MODE": mode, "EPI_TMA": epi_tma, "num_warps": 4,
-             "SB_PF": _sb_prefetch(bm, sb_prefetch, sb_k), "SB_STAGE": int(sb_k > 0)}
+             "SB_PF": _sb_prefetch(bm, sb_prefetch, sb_k), "SB_STAGE": int(sb_k > 0), "PDL": pdl}
     sig |= {name: "constexpr" for name in const}
     return triton.compile(GluonASTSource(_ws_gemm_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": 168})
