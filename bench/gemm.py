@@ -97,6 +97,16 @@ def patched(**values):
             setattr(G, k, v)
 
 
+def flagged(call, **values):
+    """call(*ops) run with block_scaled's flags set to values (patched) for each call."""
+
+    def run(*ops):
+        with patched(**values):
+            call(*ops)
+
+    return run
+
+
 def _kernel(refusal, m, n, k, rows=None, ws_splits=1, cluster=False, narrow=False):
     """(label, flags) of what the dispatch runs: "sm90_ws BMxBN[/S]" (tile_shape's tile on this GPU,
     ws_splits S; "128x256 | BMxBN/S" where sm90_ws.column_split runs N's whole wide tiles apart from

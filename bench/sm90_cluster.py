@@ -22,7 +22,17 @@ import statistics
 import torch
 
 from bench.common import dump, environment, fp8_gemm_tflops, operand_sets, output_of, rel_l2, rotated_ms
-from bench.gemm import DENSE, GROUPED, _deepgemm, dense_call, dense_inputs, grouped_call, grouped_inputs, patched
+from bench.gemm import (
+    DENSE,
+    GROUPED,
+    _deepgemm,
+    dense_call,
+    dense_inputs,
+    flagged,
+    grouped_call,
+    grouped_inputs,
+    patched,
+)
 from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import deepgemm as D
@@ -46,15 +56,7 @@ def variants(kind, group_ms, dg, caps=(0,), multicast=(True,)):
     too, no column split) and multicast setting (False: "nomc", each CTA loads its own B), DeepGEMM."""
     shipped = dense_call if kind == "dense" else grouped_call
 
-    def sm90_ws(*ops):
-        with patched(USE_CLUSTER=False):
-            shipped(*ops)
-
-    def dispatch(*ops):
-        with patched(USE_CLUSTER=True):
-            shipped(*ops)
-
-    out = [("sm90_ws", sm90_ws), ("dispatch", dispatch)]
+    out = [("sm90_ws", flagged(shipped, USE_CLUSTER=False)), ("dispatch", flagged(shipped, USE_CLUSTER=True))]
     if kind == "dense":
         out += [(_label(*k), lambda a, sa, b, sb, o, k=k: _ext.fp8_gemm_sm90(a, sa, b, sb, o, *k))
                 for k in _knobs(group_ms, caps, multicast)]

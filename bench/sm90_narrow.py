@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from bench.common import copy_bandwidth_gbs, dump, fp8_gemm_tflops, operand_sets
-from bench.gemm import EXPERT_NK, dense_call, dense_inputs, patched
+from bench.gemm import EXPERT_NK, dense_call, dense_inputs, flagged
 from bench.sm90_cluster import extension_env, measure
 from rtp_fp8 import _ext
 from rtp_fp8 import arch as A
@@ -32,27 +32,14 @@ from rtp_fp8.gemm import deepgemm as D
 def variants(block_ns, stages, dg, multicast=(False, True), pdl=(0,)):
     """[(label, call(a, sa, b, sb, out))]: the shipped dispatch, with programmatic dependent launches off
     (block_scaled.USE_PDL), with sm90_ws launched in pdl mode 1 or plainly (block_scaled.WS_PDL: "dispatch
-    ws pdl1", "dispatch ws plain"), with USE_NARROW off, the narrow kernel per block_n, stages ("narrow
-    64x64 s8"; s0: as many as fit), multicast setting (" mc": 2-CTA clusters sharing A) and pdl mode
-    (" pdl1": a programmatic dependent, " pdl2": one that lets its dependents launch early; none: a plain
-    launch), DeepGEMM plainly and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
+    ws pdl1", "dispatch ws plain"), with USE_NARROW off (the swapped kernel or sm90_ws), the narrow kernel
+    per block_n, stages ("narrow 64x64 s8"; s0: as many as fit), multicast setting (" mc": 2-CTA clusters
+    sharing A) and pdl mode (" pdl1": a programmatic dependent, " pdl2": one that lets its dependents launch
+    early; none: a plain launch), DeepGEMM plainly and with deep_gemm.set_pdl(True) ("deepgemm pdl")."""
 
-    def without(*ops):  # the kernel the narrow kernel replaces (the swapped kernel or sm90_ws)
-        with patched(USE_NARROW=False):
-            dense_call(*ops)
-
-    def no_pdl(*ops):
-        with patched(USE_PDL=False):
-            dense_call(*ops)
-
-    def ws_pdl(mode):  # sm90_ws's launch mode alone (the rows it takes: 128-256)
-        def call(*ops):
-            with patched(WS_PDL=mode):
-                dense_call(*ops)
-        return call
-
-    out = [("dispatch", dense_call), ("dispatch no pdl", no_pdl), ("dispatch ws pdl1", ws_pdl(1)),
-           ("dispatch ws plain", ws_pdl(0)), ("without narrow", without)]
+    out = [("dispatch", dense_call), ("dispatch no pdl", flagged(dense_call, USE_PDL=False)),
+           ("dispatch ws pdl1", flagged(dense_call, WS_PDL=1)), ("dispatch ws plain", flagged(dense_call, WS_PDL=0)),
+           ("without narrow", flagged(dense_call, USE_NARROW=False))]
     out += [(f"narrow 64x{bn} s{st}{' mc' if mc else ''}{f' pdl{pd}' if pd else ''}",
              lambda a, sa, b, sb, o, bn=bn, st=st, mc=mc, pd=pd: _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, o, bn, st,
                                                                                            mc, pd))

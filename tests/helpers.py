@@ -218,3 +218,18 @@ def ep_check_rank(rank, world, mode, case, device, capacity=None):
     assert rel_l2(y.float(), ref.float()) < 0.08  # FP8 noise against the BF16 MoE
 
 
+
+
+def spy_ws_pdls(monkeypatch) -> list:
+    """The pdl argument of every sm90_ws.launch the dispatch (block_scaled) makes from now on, in order (the
+    launch itself runs as before); a launch without the argument is a KeyError."""
+    from rtp_fp8.gemm.triton import block_scaled as G
+
+    pdls, launch = [], G.sm90_ws.launch
+
+    def spy(*args, **kwargs):
+        pdls.append(kwargs["pdl"])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(G.sm90_ws, "launch", spy)
+    return pdls

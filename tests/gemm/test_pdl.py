@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from helpers import assert_bits_equal, dense_operands, masked_operands
+from helpers import assert_bits_equal, dense_operands, masked_operands, spy_ws_pdls
 from rtp_fp8.gemm.triton import block_scaled as G
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -101,8 +101,7 @@ def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, ker
     elif kernel == "ws":
         if G.narrow_refusal(*new, plain) is None or G.ws_refusal(G.DENSE, *new, plain, False, G.GRAN) is not None:
             pytest.skip(f"sm90_ws does not run ({m}, {n}, {k}) here")
-        pdls, launch = [], G.sm90_ws.launch
-        monkeypatch.setattr(G.sm90_ws, "launch", lambda *a, **kw: pdls.append(kw["pdl"]) or launch(*a, **kw))
+        pdls = spy_ws_pdls(monkeypatch)
     else:
         assert m <= G.SWAP_MAX_ROWS and G.USE_SWAP and G._pdl_args(plain.device, True)
     for mode in (1, 2) if kernel != "swap" else (None,):
@@ -155,8 +154,7 @@ def test_masked_sm90_ws_waits_for_masked_m_and_its_operands(monkeypatch, mode):
         mp.setattr(G, "USE_PDL", False)
         G.m_grouped_fp8_gemm_nt_masked(*new, 256, out=plain)
     monkeypatch.setattr(G, "WS_PDL", mode)
-    pdls, launch = [], G.sm90_ws.launch
-    monkeypatch.setattr(G.sm90_ws, "launch", lambda *a, **kw: pdls.append(kw["pdl"]) or launch(*a, **kw))
+    pdls = spy_ws_pdls(monkeypatch)
     G.m_grouped_fp8_gemm_nt_masked(*new, 256, out=torch.zeros_like(plain))  # compiled before the race
     out = torch.zeros_like(plain)
     saved = _late_writes_then(

@@ -11,7 +11,7 @@ and empty experts (counters too); and within 5e-3 relative L2 of the float64 ora
 import pytest
 import torch
 
-from helpers import masked_operands, rel_l2
+from helpers import masked_operands, rel_l2, spy_ws_pdls
 from rtp_fp8 import arch as A
 from rtp_fp8.gemm import reference as GR
 from rtp_fp8.gemm.triton import block_scaled as G
@@ -582,7 +582,8 @@ def test_ws_pdl_follows_use_pdl(monkeypatch):
 
 
 def _pdl_case(case, device="cuda"):
-    """(launch keyword arguments, a call(out, pdl) of sm90_ws.launch, out [poisoned, guard columns past n])."""
+    """(buf, out, call): buf poisoned (NaN), out the view of it the kernel writes (buf itself, or all but its guard
+    columns past N), call(out, pdl) the case's sm90_ws.launch."""
     if case == "masked":
         e, cap, n, k = 4, 256, 2112, 640
         a, sa, b, sb = masked_operands(e, cap, n, k, "fp32", device, seed=5)
@@ -634,14 +635,7 @@ def test_pdl_launches_give_the_plain_launchs_bits_and_replay_in_graphs(case):
 def test_dispatch_launches_sm90_ws_with_ws_pdl(monkeypatch):
     """Every sm90_ws launch of the dispatch takes ws_pdl(): WS_PDL, or 0 with USE_PDL off; same bits."""
     a, sa, b, sb = _ops(128, 7168, 2048, "cuda", seed=9)  # 128x64 tiles (the narrow kernel's 224 would not fit)
-    pdls = []
-    launch = W.launch
-
-    def spy(*args, **kwargs):
-        pdls.append(kwargs.get("pdl", 0))
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(G.sm90_ws, "launch", spy)
+    pdls = spy_ws_pdls(monkeypatch)
     got = G.fp8_gemm_nt(a, sa, b, sb)
     monkeypatch.setattr(G, "USE_PDL", False)
     assert torch.equal(G.fp8_gemm_nt(a, sa, b, sb), got)
