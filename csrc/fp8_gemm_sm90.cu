@@ -266,6 +266,18 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[56], uint32_t da, uint32_t 
       : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
 }
 
+__device__ __forceinline__ void wgmma_k32(float (&d)[28], uint32_t da, uint32_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %30, 0;\n"
+      "mov.b64 da, {%28, %31};\nmov.b64 db, {%29, %31};\n"
+      "wgmma.mma_async.sync.aligned.m64n56k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, "
+      "da, db, p, 1, 1;\n}\n"
+      : RTP_F8(0), RTP_F8(8), RTP_F8(16), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+      : "r"(da), "r"(db), "r"(accumulate), "r"(kDescHi));
+}
+
 __device__ __forceinline__ void wgmma_k32(float (&d)[32], uint32_t da, uint32_t db, uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\n"
@@ -328,8 +340,8 @@ __device__ __forceinline__ void promote(float* acc, const float (&part)[R], floa
 }
 
 // promote() for a tile that straddles two 128-column B-scale blocks: column groups (8 columns, i / 4) from
-// `split` on take the second block's scales (t0, t1). The boundary is a multiple of 16 columns (tiles
-// start at multiples of 112), so no group straddles it.
+// `split` on take the second block's scales (t0, t1). The boundary is a multiple of 8 columns (tiles
+// start at multiples of 56 or 112), so no group straddles it.
 template <int R>
 __device__ __forceinline__ void promote_split(float* acc, const float (&part)[R], float s0, float s1, float t0,
                                               float t1, int split) {
@@ -606,12 +618,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // A dense call of few rows (M <= 128 or so) has few tiles: its time is its weights' bytes from device
 // memory and every tile's re-read of A from the L2, and what matters is how many bytes each SM keeps
 // in flight and how little each K block costs beyond its MMA. Each CTA (256 threads) runs 64 x BN
-// tiles (BN 32, 64, 112 or 128) persistently: one thread of warpgroup 1 issues the TMA loads of A [64, 128],
+// tiles (BN 32, 56, 64, 112 or 128) persistently: one thread of warpgroup 1 issues the TMA loads of A [64, 128],
 // B [BN, 128] and the A-row scales into a ring of `stages` slots; warpgroup 0 is the one consumer: per
 // K block one fresh m64nBNk32 chain (4 x k32), promoted as the wide kernel does (acc = fma(part,
 // sa * sb, acc)), so the outputs are the Triton kernel's bits. Before a tile, the consumer copies its
 // B-scale row (one float per K block) into shared memory: a tile of 32, 64 or 128 columns lies in one
-// 128-column scale block; one of 112 may straddle two, and then stages both rows and promotes its
+// 128-column scale block; one of 56 or 112 may straddle two, and then stages both rows and promotes its
 // column groups past the boundary with the second (promote_split), the products unchanged.
 // Two chains are in flight: once the next slot is full, the consumer issues the next K block's chain
 // into a second set of registers, reads its scales, and only then waits for this block's chain and
@@ -1056,8 +1068,8 @@ constexpr int kNarrowMaxStages = 16;
 
 // Checks the narrow kernel's tile width.
 void check_block_n(int64_t block_n, const char* op) {
-  TORCH_CHECK(block_n == 32 || block_n == 64 || block_n == 112 || block_n == 128, op,
-              ": block_n must be 32, 64, 112 or 128, got ", block_n);
+  TORCH_CHECK(block_n == 32 || block_n == 56 || block_n == 64 || block_n == 112 || block_n == 128, op,
+              ": block_n must be 32, 56, 64, 112 or 128, got ", block_n);
 }
 
 // The most ring slots of BN-wide tiles that fit (at most kNarrowMaxStages).
@@ -1130,6 +1142,8 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
   const int st = stages ? static_cast<int>(stages) : most, mode = static_cast<int>(pdl);
   if (block_n == 32) {
     launch_narrow<32>(a, sa, b, sb, out, st, multicast, mode);
+  } else if (block_n == 56) {
+    launch_narrow<56>(a, sa, b, sb, out, st, multicast, mode);
   } else if (block_n == 64) {
     launch_narrow<64>(a, sa, b, sb, out, st, multicast, mode);
   } else if (block_n == 112) {

@@ -84,7 +84,7 @@ def fp8_gemm_sm90_contiguous(a, sa, b, sb, ids, out, counters, group_m=8, cluste
 
 def fp8_gemm_sm90_narrow(a, sa, b, sb, out, block_n=64, stages=0, multicast=False, pdl=0):
     """fp8_gemm_sm90 for few rows (csrc/fp8_gemm_sm90.cu's narrow kernel: 64 x block_n tiles, block_n
-    32, 64, 112 or 128, one consumer warpgroup, a ring of `stages` slots, 0: as many as fit, see
+    32, 56, 64, 112 or 128, one consumer warpgroup, a ring of `stages` slots, 0: as many as fit, see
     fp8_gemm_sm90_narrow_stages). multicast: 2-CTA clusters on neighbouring column tiles share A's
     loads. pdl 1: launched as a programmatic dependent of the stream's kernel before (it reads and
     writes global memory only once that kernel has completed); 2: also lets the stream's next
