@@ -212,8 +212,12 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
         "sm90_ws splits K 4 ways")
     # (80, 7168, 2048): 224 tiles of 64x64 would make two waves; 128 of 64x112 make one
     assert G.narrow_refusal(a80, sa80, b, sb, out80) is None
-    assert [G.narrow_block_n(r, 7168, 132) for r in (1, 7, 8, 16, 33, 64, 65, 80, 112, 113)] == [
-        64, 64, 32, 32, 32, 32, 112, 112, 112, 64]
+    # up to 64 rows: 128 tiles of 64x56 in one wave, against 224 of 64x32 and 112 of 64x64, but at 16-48 rows 64x32
+    assert [G.narrow_block_n(r, 7168, 132) for r in (1, 7, 8, 15, 16, 33, 48, 49, 64, 65, 80, 112, 113)] == [
+        56, 56, 56, 56, 32, 32, 32, 56, 56, 112, 112, 112, 64]
+    # 128 tiles of 64x32 make one wave: they stay; 74 of 64x56 fill more SMs than 64 of 64x64; 147 would not fit
+    assert [G.narrow_block_n(r, 4096, 132) for r in (1, 8, 64)] == [56, 32, 32]
+    assert [G.narrow_block_n(r, 8192, 132) for r in (1, 8, 64)] == [64, 32, 32]
     # (128, 7168, 2048): over 112 rows 64x112 tiles lost to sm90_ws's 128x64
     a128, sa128, out128 = torch.empty(128, k, dtype=torch.float8_e4m3fn), torch.empty(k // 128, 128).t(), \
         torch.empty(128, n, dtype=torch.bfloat16)
@@ -239,6 +243,7 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     assert [G.narrow_stages(k) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 12, 12]
     assert [G.narrow_stages(k, 112) for k in (128, 2048, 4096, 7168, 16384)] == [6, 6, 8, 9, 9]
     assert [G.narrow_stages(k, 64) for k in (128, 2048, 4096, 7168, 16384)] == [8, 8, 8, 12, 12]
+    assert [G.narrow_stages(k, 56) for k in (128, 2048, 4096, 7168, 16384)] == [8, 8, 8, 12, 12]
 
 
 @pytest.mark.gpu_sm90
@@ -246,7 +251,7 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
 @pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
                                    (100, 1000, 384), (16, 7168, 2048), (20, 4096, 7168), (32, 4096, 7168),
                                    (64, 4096, 7168), (112, 7168, 2048), (80, 7000, 640), (1, 7168, 2048),
-                                   (7, 7168, 2048), (8, 4096, 7168), (5, 264, 640)])
+                                   (7, 7168, 2048), (8, 4096, 7168), (5, 264, 640), (12, 7000, 640), (56, 7000, 640)])
 def test_dispatch_takes_the_narrow_kernel_for_1_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []
@@ -369,7 +374,7 @@ def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
 @needs_ext
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (64, 7168, 2048), (100, 131, 1664),
                                    (128, 4096, 128), (40, 520, 256), (256, 7168, 512)])
-@pytest.mark.parametrize("block_n", [32, 64, 112, 128])
+@pytest.mark.parametrize("block_n", [32, 56, 64, 112, 128])
 @pytest.mark.parametrize("stages,multicast,pdl", [(2, False, 0), (0, False, 1), (3, True, 2), (0, True, 0)])
 def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast, pdl):
     a, sa, b, sb = _ops(m, n, k, seed=m + n + k + block_n)
@@ -394,7 +399,7 @@ def test_narrow_graph_replay_and_bad_arguments():
     most = _ext.fp8_gemm_sm90_narrow_stages(64)
     assert 2 <= most <= 16
     assert _ext.fp8_gemm_sm90_narrow_stages(G.NARROW_WIDE_BLOCK_N) == G.NARROW_WIDE_STAGES  # the dispatch's cap
-    for bn, st, msg in [(48, 0, "block_n must be 32, 64, 112 or 128"), (64, 1, "stages must be 0"),
+    for bn, st, msg in [(48, 0, "block_n must be 32, 56, 64, 112 or 128"), (64, 1, "stages must be 0"),
                         (64, most + 1, "stages must be 0")]:
         with pytest.raises(RuntimeError, match=msg):
             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
@@ -406,5 +411,5 @@ def test_narrow_graph_replay_and_bad_arguments():
     big = _ops(1, 128, G.NARROW_MAX_K + 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB
     with pytest.raises(RuntimeError, match=f"is over {G.NARROW_MAX_K} "):  # the dispatch's limit is the op's
         _ext.fp8_gemm_sm90_narrow(*big, torch.empty(1, 128, dtype=torch.bfloat16, device="cuda"))
-    with pytest.raises(RuntimeError, match="block_n must be 32, 64, 112 or 128"):
+    with pytest.raises(RuntimeError, match="block_n must be 32, 56, 64, 112 or 128"):
         _ext.fp8_gemm_sm90_narrow_stages(96)

@@ -565,7 +565,8 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same products and
 # promotion as the Triton kernel, bit-identical, unsplit): below NARROW_FEW_ROWS rows in 64x64 tiles (see there), from
 # it up to SWAP_MAX_ROWS rows in 64x32 tiles where the swapped kernel would not split K, or where it would and those
-# tiles fill at least NARROW_SPLIT_FILL of the SMs; above in 64x64 tiles that fill at most one wave, else, up to
+# tiles fill at least NARROW_SPLIT_FILL of the SMs (either width giving way to 64x56 where NARROW_WAVE_BLOCK_N
+# says); above in 64x64 tiles that fill at most one wave, else, up to
 # NARROW_WIDE_MAX_ROWS rows, in 64x112 tiles (NARROW_WIDE_BLOCK_N) that do; and only where sm90_ws would not split K.
 # 64x112 is what DeepGEMM's SM90 cost model picks at (128, 7168, 2048): 128 tiles in one wave, where 64x64 makes 224
 # and sm90_ws's 128x64 112.
@@ -596,6 +597,14 @@ NARROW_FEW_ROWS = 8
 NARROW_MAX_ROWS = 128
 NARROW_BLOCK_N = 32  # NARROW_FEW_ROWS..SWAP_MAX_ROWS rows; 64 above and below, or NARROW_WIDE_BLOCK_N (see there)
 NARROW_WIDE_BLOCK_N = 112
+# 64x56 tiles (NARROW_WAVE_BLOCK_N) replace the default width at up to SWAP_MAX_ROWS rows where they make one wave
+# and the default's tiles do not, or fill fewer SMs (N=7168 on 132 SMs: 128 tiles of 64x56 against 224 of 64x32
+# and 112 of 64x64), outside NARROW_WAVE_SKIP_ROWS. On the H100 (bench/sm90_narrow.py --block-n 32 56 64 --pdl 2,
+# 3 reps, twenty-ninth session; us, the dispatch then against 64x56 s8): (1, 7168, 2048) 7.15 -> 6.96 (64x64),
+# (8, ...) 7.32 -> 7.07, (64, ...) 7.86 -> 7.76 (s12 7.71); at 16 and 32 rows (A boxes of 16 and 32 rows, 64x32
+# tiles two to an SM) 7.32 against 7.31 and 7.31 against 7.39, so those keep 64x32.
+NARROW_WAVE_BLOCK_N = 56
+NARROW_WAVE_SKIP_ROWS = range(16, 49)
 NARROW_WIDE_MAX_ROWS = 112
 NARROW_WIDE_STAGES = 9  # the most 64x112 ring slots (fp8_gemm_sm90_narrow_stages(112): 22.8 KB each)
 NARROW_MAX_K = 128 * 1024  # the tile's B-scale row (one float per K block) fills a 4 KB shared buffer
@@ -630,12 +639,15 @@ def ws_pdl() -> int:
 
 def narrow_block_n(m: int, n: int, sms: int) -> int:
     """The narrow kernel's tile width for M rows and N columns on `sms` SMs: 64 below NARROW_FEW_ROWS,
-    NARROW_BLOCK_N up to SWAP_MAX_ROWS, above 64x112 where more than `sms` tiles of 64x64 would make a
-    second wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
-    if m < NARROW_FEW_ROWS:
-        return 64
+    NARROW_BLOCK_N up to SWAP_MAX_ROWS, either replaced by NARROW_WAVE_BLOCK_N where its tiles make one wave
+    and the default's make more or fewer (outside NARROW_WAVE_SKIP_ROWS); above 64x112 where more than `sms`
+    tiles of 64x64 would make a second wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
     if m <= SWAP_MAX_ROWS:
-        return NARROW_BLOCK_N
+        bn = 64 if m < NARROW_FEW_ROWS else NARROW_BLOCK_N
+        wave = cdiv(n, NARROW_WAVE_BLOCK_N)
+        if m not in NARROW_WAVE_SKIP_ROWS and wave <= sms and (cdiv(n, bn) > sms or cdiv(n, bn) < wave):
+            return NARROW_WAVE_BLOCK_N
+        return bn
     if m > NARROW_WIDE_MAX_ROWS or cdiv(m, 64) * cdiv(n, 64) <= sms:
         return 64
     return NARROW_WIDE_BLOCK_N
@@ -644,9 +656,10 @@ def narrow_block_n(m: int, n: int, sms: int) -> int:
 def narrow_stages(k: int, block_n: int = NARROW_BLOCK_N) -> int:
     """The narrow kernel's ring slots for K: a quarter of its K blocks, 6 to 12 (bench/sm90_narrow.py:
     K=7168's 56 blocks ran fastest with 12, K=2048's 16 with 6 in 64x32 tiles; a deep ring over few blocks
-    front-loads its loads), at least 8 for 64x64 tiles (at K=2048 8 beat 6 on the H100 and the H200, 1-64
-    rows, twenty-sixth and twenty-seventh sessions), at most NARROW_WIDE_STAGES for 64x112 tiles."""
-    stages = min(12, max(8 if block_n == 64 else 6, cdiv(k, GRAN) // 4))
+    front-loads its loads), at least 8 for 64x64 and 64x56 tiles (at K=2048 8 beat 6 on the H100 and the H200,
+    1-64 rows, twenty-sixth, twenty-seventh and twenty-ninth sessions), at most NARROW_WIDE_STAGES for 64x112
+    tiles."""
+    stages = min(12, max(8 if block_n in (64, NARROW_WAVE_BLOCK_N) else 6, cdiv(k, GRAN) // 4))
     return min(stages, NARROW_WIDE_STAGES) if block_n == NARROW_WIDE_BLOCK_N else stages
 
 
