@@ -595,7 +595,7 @@ USE_NARROW = True
 NARROW_MIN_ROWS = 1
 NARROW_FEW_ROWS = 8
 NARROW_MAX_ROWS = 128
-NARROW_BLOCK_N = 32  # NARROW_FEW_ROWS..SWAP_MAX_ROWS rows; 64 above and below, or NARROW_WIDE_BLOCK_N (see there)
+NARROW_BLOCK_N = 32  # NARROW_FEW_ROWS..SWAP_MAX_ROWS rows; 64 above and below, or NARROW_WAVE_/WIDE_BLOCK_N (there)
 NARROW_WIDE_BLOCK_N = 112
 # 64x56 tiles (NARROW_WAVE_BLOCK_N) replace the default width at up to SWAP_MAX_ROWS rows where they make one wave
 # and the default's tiles do not, or fill fewer SMs (N=7168 on 132 SMs: 128 tiles of 64x56 against 224 of 64x32
@@ -644,8 +644,8 @@ def narrow_block_n(m: int, n: int, sms: int) -> int:
     tiles of 64x64 would make a second wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
     if m <= SWAP_MAX_ROWS:
         bn = 64 if m < NARROW_FEW_ROWS else NARROW_BLOCK_N
-        wave = cdiv(n, NARROW_WAVE_BLOCK_N)
-        if m not in NARROW_WAVE_SKIP_ROWS and wave <= sms and (cdiv(n, bn) > sms or cdiv(n, bn) < wave):
+        tiles, wave = cdiv(n, bn), cdiv(n, NARROW_WAVE_BLOCK_N)
+        if m not in NARROW_WAVE_SKIP_ROWS and wave <= sms and (tiles > sms or tiles < wave):
             return NARROW_WAVE_BLOCK_N
         return bn
     if m > NARROW_WIDE_MAX_ROWS or cdiv(m, 64) * cdiv(n, 64) <= sms:
