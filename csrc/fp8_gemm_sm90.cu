@@ -1066,10 +1066,25 @@ void fp8_gemm_sm90_contiguous(const at::Tensor& a, const at::Tensor& sa, const a
 // ---- fp8_gemm_sm90_narrow's host side ----
 constexpr int kNarrowMaxStages = 16;
 
+// The narrow kernel's tile widths: each one a build of the kernel, the only block_n admitted.
+using NarrowWidths = std::integer_sequence<int, 32, 56, 64, 112, 128>;
+
+template <int... W>
+bool is_narrow_width(int64_t block_n, std::integer_sequence<int, W...>) {
+  return ((block_n == W) || ...);
+}
+
+template <int... W>
+std::string narrow_width_list(std::integer_sequence<int, W...>) {
+  std::string s;
+  ((s += (s.empty() ? "" : ", ") + std::to_string(W)), ...);
+  return s;
+}
+
 // Checks the narrow kernel's tile width.
 void check_block_n(int64_t block_n, const char* op) {
-  TORCH_CHECK(block_n == 32 || block_n == 56 || block_n == 64 || block_n == 112 || block_n == 128, op,
-              ": block_n must be 32, 56, 64, 112 or 128, got ", block_n);
+  TORCH_CHECK(is_narrow_width(block_n, NarrowWidths{}), op, ": block_n must be one of ",
+              narrow_width_list(NarrowWidths{}), ", got ", block_n);
 }
 
 // The most ring slots of BN-wide tiles that fit (at most kNarrowMaxStages).
@@ -1125,6 +1140,14 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_narrow_kernel<BN>, map_a, map_b, map_sa, p));
 }
 
+// launch_narrow for the build of width block_n (one of W, checked by check_block_n).
+template <int... W>
+void launch_narrow_width(int64_t block_n, const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b,
+                         const at::Tensor& sb, at::Tensor& out, int stages, bool multicast, int pdl,
+                         std::integer_sequence<int, W...>) {
+  ((block_n == W ? launch_narrow<W>(a, sa, b, sb, out, stages, multicast, pdl) : void()), ...);
+}
+
 void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
                           at::Tensor& out, int64_t block_n, int64_t stages, bool multicast, int64_t pdl) {
   check_common(a, sa, b, sb, out, 1, 0, 2);
@@ -1140,17 +1163,7 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
   const c10::cuda::CUDAGuard guard(a.device());
   check_sm90(a);
   const int st = stages ? static_cast<int>(stages) : most, mode = static_cast<int>(pdl);
-  if (block_n == 32) {
-    launch_narrow<32>(a, sa, b, sb, out, st, multicast, mode);
-  } else if (block_n == 56) {
-    launch_narrow<56>(a, sa, b, sb, out, st, multicast, mode);
-  } else if (block_n == 64) {
-    launch_narrow<64>(a, sa, b, sb, out, st, multicast, mode);
-  } else if (block_n == 112) {
-    launch_narrow<112>(a, sa, b, sb, out, st, multicast, mode);
-  } else {
-    launch_narrow<128>(a, sa, b, sb, out, st, multicast, mode);
-  }
+  launch_narrow_width(block_n, a, sa, b, sb, out, st, multicast, mode, NarrowWidths{});
 }
 
 // The ring slots fp8_gemm_sm90_narrow takes with stages = 0 for this block_n.

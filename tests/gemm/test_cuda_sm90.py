@@ -399,7 +399,7 @@ def test_narrow_graph_replay_and_bad_arguments():
     most = _ext.fp8_gemm_sm90_narrow_stages(64)
     assert 2 <= most <= 16
     assert _ext.fp8_gemm_sm90_narrow_stages(G.NARROW_WIDE_BLOCK_N) == G.NARROW_WIDE_STAGES  # the dispatch's cap
-    for bn, st, msg in [(48, 0, "block_n must be 32, 56, 64, 112 or 128"), (64, 1, "stages must be 0"),
+    for bn, st, msg in [(48, 0, "block_n must be one of 32, 56, 64, 112, 128, got 48"), (64, 1, "stages must be 0"),
                         (64, most + 1, "stages must be 0")]:
         with pytest.raises(RuntimeError, match=msg):
             _ext.fp8_gemm_sm90_narrow(a, sa, b, sb, out, bn, st)
@@ -411,5 +411,5 @@ def test_narrow_graph_replay_and_bad_arguments():
     big = _ops(1, 128, G.NARROW_MAX_K + 128, seed=6)  # 1025 K blocks: a B-scale row over 4 KB
     with pytest.raises(RuntimeError, match=f"is over {G.NARROW_MAX_K} "):  # the dispatch's limit is the op's
         _ext.fp8_gemm_sm90_narrow(*big, torch.empty(1, 128, dtype=torch.bfloat16, device="cuda"))
-    with pytest.raises(RuntimeError, match="block_n must be 32, 56, 64, 112 or 128"):
+    with pytest.raises(RuntimeError, match="block_n must be one of 32, 56, 64, 112, 128, got 96"):
         _ext.fp8_gemm_sm90_narrow_stages(96)
