@@ -1140,12 +1140,12 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fp8_gemm_sm90_narrow_kernel<BN>, map_a, map_b, map_sa, p));
 }
 
-// launch_narrow for the build of width block_n (one of W, checked by check_block_n).
+// launch_narrow for the build of width block_n; false (nothing launched) where block_n is none of W.
 template <int... W>
-void launch_narrow_width(int64_t block_n, const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b,
+bool launch_narrow_width(int64_t block_n, const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b,
                          const at::Tensor& sb, at::Tensor& out, int stages, bool multicast, int pdl,
                          std::integer_sequence<int, W...>) {
-  ((block_n == W ? launch_narrow<W>(a, sa, b, sb, out, stages, multicast, pdl) : void()), ...);
+  return ((block_n == W && (launch_narrow<W>(a, sa, b, sb, out, stages, multicast, pdl), true)) || ...);
 }
 
 void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& b, const at::Tensor& sb,
@@ -1163,7 +1163,8 @@ void fp8_gemm_sm90_narrow(const at::Tensor& a, const at::Tensor& sa, const at::T
   const c10::cuda::CUDAGuard guard(a.device());
   check_sm90(a);
   const int st = stages ? static_cast<int>(stages) : most, mode = static_cast<int>(pdl);
-  launch_narrow_width(block_n, a, sa, b, sb, out, st, multicast, mode, NarrowWidths{});
+  TORCH_CHECK(launch_narrow_width(block_n, a, sa, b, sb, out, st, multicast, mode, NarrowWidths{}),
+              "fp8_gemm_sm90_narrow: no build of block_n ", block_n);
 }
 
 // The ring slots fp8_gemm_sm90_narrow takes with stages = 0 for this block_n.
