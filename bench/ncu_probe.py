@@ -51,8 +51,8 @@ def _narrow(text):
         bn, st = (int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--narrow: expected BN,S, got {text!r}") from None
-    if bn not in (32, 64, 112, 128) or not 2 <= st <= 16:
-        raise argparse.ArgumentTypeError(f"--narrow: {text!r} needs BN of 32, 64, 112 or 128 and S of 2 to 16")
+    if bn not in (32, 56, 64, 112, 128) or not 2 <= st <= 16:
+        raise argparse.ArgumentTypeError(f"--narrow: {text!r} needs BN of 32, 56, 64, 112 or 128 and S of 2 to 16")
     return bn, st
 
 

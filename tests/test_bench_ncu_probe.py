@@ -69,7 +69,7 @@ def test_narrow_variants_call_the_cuda_kernel_per_tile_and_ring(monkeypatch):
         call()
     assert seen == [(32, 16), (64, 13)] and all(bool((o == 3).all()) for *_, o in variants[1:])
     assert P._narrow("32,16") == (32, 16)
-    assert P._narrow("112,9") == (112, 9)
+    assert P._narrow("112,9") == (112, 9) and P._narrow("56,8") == (56, 8)
     for bad in ("48,8", "32,1", "32,17", "32"):
         with pytest.raises(P.argparse.ArgumentTypeError, match="--narrow"):
             P._narrow(bad)
