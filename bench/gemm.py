@@ -1,6 +1,6 @@
 """Block-scaled FP8 GEMM (rtp_fp8.gemm.triton) on the GPU against cuBLASLt's per-tensor FP8 GEMM.
 
-    PYTHONPATH=. python3 bench/gemm.py [--out results.json]
+    PYTHONPATH=. python3 bench/gemm.py [--out results.json] [--pairs 2]
 
 Shapes from DeepSeek-V3 (the issue's list). TFLOP/s = 2*M*N*K / median kernel time (CUDA-graph
 replays); the ratio is to torch._scaled_mm (per-tensor scales, cuBLASLt) at 8192^3 measured in
@@ -14,13 +14,17 @@ DeepGEMM, where it is importable and runs this GPU's Arch (./dev gpu-test builds
 archive pinned in deps/toolchains.toml; bench/gpu_run.sh puts it on PYTHONPATH), is timed on the
 same operands in the same run: `dg` TFLOP/s, `ours/dg`, and `same` (bit-identical outputs on the
 rows the contract specifies, else the relative L2 between the two). Masked shapes: G experts,
-expected_m = masked_m rows each, capacity 2 * expected_m.
+expected_m = masked_m rows each, capacity 2 * expected_m. Per shape the timings run: ours, the
+Triton kernel, then --pairs rounds of DeepGEMM, DeepGEMM as a programmatic dependent, ours; each
+kernel's time is the median of its timings (all kept in ms_each), so that neither kernel's times all
+follow the same neighbour (bench/order_probe.py: the SM clock moves 1230-1640 MHz with the load).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 
 import torch
 
@@ -56,23 +60,38 @@ def _deepgemm():
     return (D.capabilities(), "") if ok else (None, why)
 
 
-def _beside(r, flops, call_dg, sets, oi, rows=None):
+def _beside(r, flops, call_dg, sets, oi, rows=None, ours=None, pairs=1):
     """Time DeepGEMM's call_dg(*ops) on the same operand sets, writing the same outputs (ops[oi]);
-    compare set 0's output with ours (on `rows` only)."""
+    compare set 0's output with ours (on `rows` only). The timings alternate: `pairs` rounds of
+    DeepGEMM, DeepGEMM launched as a programmatic dependent, then ours(*ops) again (when given), so
+    that each kernel is timed after the others, and no one kernel's times all follow the lighter
+    Triton kernel (an H100 at its power limit runs each at the clock the last load left: 1230-1640
+    MHz, bench/order_probe.py). ms, dg and dg_pdl are the medians of each kernel's times, all kept."""
     out = sets[0][oi]
-    ours = out.clone()
+    ours_out = out.clone()
     out.fill_(float("nan"))  # what DeepGEMM does not write cannot pass for ours
-    ms = rotated_ms(call_dg, sets)
-    r["dg_tflops"] = flops / (ms * 1e-3) / 1e12
-    r["same"] = _same(ours, out, rows)
-    # and launched as programmatic dependents of the call before (deep_gemm.set_pdl, off by default):
-    # the ratio is to the faster of the two
-    try:
-        with D.pdl_launches():
-            ms_pdl = rotated_ms(call_dg, sets)
-        r["dg_pdl_tflops"] = flops / (ms_pdl * 1e-3) / 1e12
-    except RuntimeError as exc:
-        r["dg_pdl_tflops"] = f"not run: {exc}"
+    call_dg(*sets[0])
+    r["same"] = _same(ours_out, out, rows)
+    each = {"ours": [r["ms"]], "dg": [], "dg_pdl": []}
+    pdl_error = None
+    for _ in range(pairs):
+        each["dg"].append(rotated_ms(call_dg, sets))
+        # launched as programmatic dependents of the call before (deep_gemm.set_pdl, off by default):
+        # the ratio is to the faster of the two
+        if pdl_error is None:
+            try:
+                with D.pdl_launches():
+                    each["dg_pdl"].append(rotated_ms(call_dg, sets))
+            except RuntimeError as exc:
+                pdl_error = exc
+        if ours is not None:
+            each["ours"].append(rotated_ms(ours, sets))
+    r["ms_each"] = each
+    r["ms"] = statistics.median(each["ours"])
+    r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
+    r["dg_tflops"] = flops / (statistics.median(each["dg"]) * 1e-3) / 1e12
+    r["dg_pdl_tflops"] = (flops / (statistics.median(each["dg_pdl"]) * 1e-3) / 1e12 if pdl_error is None
+                          else f"not run: {pdl_error}")
     best = max(v for v in (r["dg_tflops"], r.get("dg_pdl_tflops")) if isinstance(v, float))
     r["ours_over_dg"] = r["tflops"] / best
     return r
@@ -200,7 +219,7 @@ def grouped_inputs(g, m, n, k):
     return a, sa, b, sb, ids, out, torch.zeros(2, device="cuda", dtype=torch.int32)
 
 
-def dense(m, n, k, dg=None, cold=True):
+def dense(m, n, k, dg=None, cold=True, pairs=1):
     sets = operand_sets(lambda: dense_inputs(m, n, k), cold)
     a, sa, b, sb, out = sets[0]
     r = _measure(2 * m * n * k, dense_call, sets, 4,
@@ -208,11 +227,12 @@ def dense(m, n, k, dg=None, cold=True):
                          cluster=G.cluster_refusal(a, out) is None,
                          narrow=G.narrow_refusal(a, sa, b, sb, out) is None))
     if dg is not None:
-        _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4)
+        _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4,
+                ours=dense_call, pairs=pairs)
     return r
 
 
-def grouped(g, m, n, k, dg=None, cold=True):
+def grouped(g, m, n, k, dg=None, cold=True, pairs=1):
     sets = operand_sets(lambda: grouped_inputs(g, m, n, k), cold)
     a, sa, b, sb, ids, out, cnt = sets[0]
     flops = 2 * g * m * n * k
@@ -222,7 +242,7 @@ def grouped(g, m, n, k, dg=None, cold=True):
     if dg is not None:
         with D.mk_alignment(128, dg):
             _beside(r, flops, lambda a, sa, b, sb, ids, out, cnt: D.m_grouped_fp8_gemm_nt_contiguous(
-                a, sa, b, sb, ids, out, A.detect(), dg), sets, 5)
+                a, sa, b, sb, ids, out, A.detect(), dg), sets, 5, ours=grouped_call, pairs=pairs)
     return r
 
 
@@ -241,20 +261,23 @@ def masked_inputs(g, em, n, k):
     return a.view(g, cap, k), sa, b, sb, masked, torch.empty(g, cap, n, device="cuda", dtype=torch.bfloat16)
 
 
-def masked(g, em, n, k, dg=None, cold=True):
+def masked(g, em, n, k, dg=None, cold=True, pairs=1):
     sets = operand_sets(lambda: masked_inputs(g, em, n, k), cold)
     a, sa, b, sb, mm, out = sets[0]
     flops = 2 * g * em * n * k
     rows = (slice(None), slice(0, em))
-    r = _measure(flops, lambda a, sa, b, sb, mm, out: G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em,
-                                                                                     out=out), sets, 5,
+
+    def ours(a, sa, b, sb, mm, out):
+        G.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, expected_m=em, out=out)
+
+    r = _measure(flops, ours, sets, 5,
                  _kernel(G.ws_refusal(G.MASKED, a, sa, b, sb, out, expected_m=em), g * em, n, k, rows=em), rows=rows)
     if r["kernel"].startswith("sm90_ws"):
         r["kernel"] = r["kernel"].replace("sm90_ws", "sm90_ws masked")
     if dg is not None:
         _beside(r, flops, lambda a, sa, b, sb, mm, out: D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, em, out,
                                                                                         A.detect(), dg), sets, 5,
-                rows=rows)
+                rows=rows, ours=ours, pairs=pairs)
     return r
 
 
@@ -277,7 +300,12 @@ def main():
     ap.add_argument("--warm", action="store_true",
                     help="time one operand set over and over (small shapes then run from the L2), as runs before "
                          "2026-12-04k did")
+    ap.add_argument("--pairs", type=int, default=2,
+                    help="rounds of DeepGEMM, DeepGEMM as a programmatic dependent and ours, timed in turn after "
+                         "ours and the Triton kernel; each kernel's time is the median of its timings")
     args = ap.parse_args()
+    if args.pairs < 1:
+        raise SystemExit(f"gemm: --pairs must be at least 1, got {args.pairs}")
     cold = not args.warm
     ceiling = fp8_gemm_tflops()
     copy = copy_bandwidth_gbs()
@@ -286,6 +314,7 @@ def main():
     env["deep_gemm"] = dg.version if dg is not None else f"absent: {why}"
     env["operands"] = "rotated past the L2 (bench.common.operand_sets)" if cold else "one set (warm L2)"
     env["rotated"] = cold  # what report.py reads (runs filed before it carry only the text above)
+    env["pairs"] = args.pairs  # runs before 2026-12-06 timed ours once, then DeepGEMM once (report.py reads it)
     print(env)
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s; copy {copy:.0f} GB/s")
     print(f"{'kind':18s} {'M,N,K':>20s} {'kernel':>19s} {'ms':>8s} {'TFLOP/s':>8s} {'ratio':>6s} {'eager ms':>9s} "
@@ -300,7 +329,7 @@ def main():
 
     floors = {}  # weight bytes -> bench.read_floor.read_floor_us
     for m, n, k in DENSE:
-        r = dense(m, n, k, dg, cold)
+        r = dense(m, n, k, dg, cold, args.pairs)
         if m <= 64:  # memory-bound: the weight's bytes at the copy bandwidth measured in this run
             r["mem_limit_us"] = n * k / (copy * 1e9) * 1e6
             r["over_mem_limit"] = r["ms"] * 1e3 / r["mem_limit_us"]
@@ -315,9 +344,9 @@ def main():
             r["over_read_floor"] = r["ms"] * 1e3 / r["read_floor_us"]
         done("dense", (m, n, k), r)
     for g, m, n, k in GROUPED:
-        done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg, cold))
+        done(f"contiguous G={g}", (m, n, k), grouped(g, m, n, k, dg, cold, args.pairs))
     for g, em, n, k in MASKED:
-        done(f"masked G={g}", (em, n, k), masked(g, em, n, k, dg, cold))
+        done(f"masked G={g}", (em, n, k), masked(g, em, n, k, dg, cold, args.pairs))
     if rows and all("dg_tflops" in r for r in rows):
         import math
 

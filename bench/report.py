@@ -75,6 +75,10 @@ def gemm_section(d: dict, path: str) -> str:
                    "bit-identical (masked: on the rows below masked_m, the rest being unspecified). "
                    + ("DeepGEMM was also timed launched as a programmatic dependent (deep_gemm.set_pdl, \"pdl\"); "
                       "the ratio is to its faster launch. " if pdl else "") +
+                   (f"The timings alternate: per shape ours, the Triton kernel, then {env['pairs']} rounds of "
+                    "DeepGEMM, DeepGEMM as a programmatic dependent and ours; each time is the median of that "
+                    "kernel's timings (bench/order_probe.py: the SM clock follows the load). "
+                    if env.get("pairs") else "") +
                    f"Geomean ours / DeepGEMM over {len(ratios)} shapes: **{geo:.3f}**. Masked shapes: "
                    "M = expected_m = masked_m rows per expert, capacity "
                    f"{'max(2 * expected_m, 128)' if 'copy_gbs' in d else '2 * expected_m'}.\n")
