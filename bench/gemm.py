@@ -17,7 +17,8 @@ rows the contract specifies, else the relative L2 between the two). Masked shape
 expected_m = masked_m rows each, capacity 2 * expected_m. Per shape the timings run: ours, the
 Triton kernel, then --pairs rounds of DeepGEMM, DeepGEMM as a programmatic dependent, ours; each
 kernel's time is the median of its timings (all kept in ms_each), so that neither kernel's times all
-follow the same neighbour (bench/order_probe.py: the SM clock moves 1230-1640 MHz with the load).
+follow the same neighbour (bench/order_probe.py, an H100 at its 700 W limit: the SM clock ran at
+1215-1635 MHz under the M=4096 GEMMs, and up to 1980 after the lighter Triton kernel).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def _beside(r, flops, call_dg, sets, oi, rows=None, ours=None, pairs=1):
     compare set 0's output with ours (on `rows` only). The timings alternate: `pairs` rounds of
     DeepGEMM, DeepGEMM launched as a programmatic dependent, then ours(*ops) again (when given), so
     that each kernel is timed after the others, and no one kernel's times all follow the lighter
-    Triton kernel (an H100 at its power limit runs each at the clock the last load left: 1230-1640
-    MHz, bench/order_probe.py). ms, dg and dg_pdl are the medians of each kernel's times, all kept."""
+    Triton kernel (an H100 at its power limit runs each at the clock the last load left: 1215-1635
+    MHz under the M=4096 GEMMs, up to 1980 after the Triton kernel, bench/order_probe.py). ms, dg and
+    dg_pdl are the medians of each kernel's times, all kept."""
     out = sets[0][oi]
     ours_out = out.clone()
     out.fill_(float("nan"))  # what DeepGEMM does not write cannot pass for ours
