@@ -52,6 +52,7 @@ DENSE = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512), (4096, 716
          (4096, 7168, 2048), (128, 7168, 16384)] + [(m, n, k) for m in (1, 16, 64, 128, 256) for n, k in EXPERT_NK]
 GROUPED = [(8, 4096, 4096, 7168), (8, 4096, 7168, 2048), (32, 512, 4096, 7168)]
 MASKED = [(g, em, n, k) for g in (8, 32) for em in (16, 64, 256) for n, k in EXPERT_NK]
+PAIRS = 2  # rounds of DeepGEMM, its PDL launch and ours timed in turn per shape (_beside; --pairs)
 
 
 def _deepgemm():
@@ -61,10 +62,10 @@ def _deepgemm():
     return (D.capabilities(), "") if ok else (None, why)
 
 
-def _beside(r, flops, call_dg, sets, oi, rows=None, ours=None, pairs=1):
+def _beside(r, flops, call_dg, ours, sets, oi, rows=None, pairs=PAIRS):
     """Time DeepGEMM's call_dg(*ops) on the same operand sets, writing the same outputs (ops[oi]);
     compare set 0's output with ours (on `rows` only). The timings alternate: `pairs` rounds of
-    DeepGEMM, DeepGEMM launched as a programmatic dependent, then ours(*ops) again (when given), so
+    DeepGEMM, DeepGEMM launched as a programmatic dependent, then ours(*ops) again, so
     that each kernel is timed after the others, and no one kernel's times all follow the lighter
     Triton kernel (an H100 at its power limit runs each at the clock the last load left: 1215-1635
     MHz under the M=4096 GEMMs, up to 1980 after the Triton kernel, bench/order_probe.py). ms, dg and
@@ -86,8 +87,7 @@ def _beside(r, flops, call_dg, sets, oi, rows=None, ours=None, pairs=1):
                     each["dg_pdl"].append(rotated_ms(call_dg, sets))
             except RuntimeError as exc:
                 pdl_error = exc
-        if ours is not None:
-            each["ours"].append(rotated_ms(ours, sets))
+        each["ours"].append(rotated_ms(ours, sets))
     r["ms_each"] = each
     r["ms"] = statistics.median(each["ours"])
     r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12
@@ -221,7 +221,7 @@ def grouped_inputs(g, m, n, k):
     return a, sa, b, sb, ids, out, torch.zeros(2, device="cuda", dtype=torch.int32)
 
 
-def dense(m, n, k, dg=None, cold=True, pairs=1):
+def dense(m, n, k, dg=None, cold=True, pairs=PAIRS):
     sets = operand_sets(lambda: dense_inputs(m, n, k), cold)
     a, sa, b, sb, out = sets[0]
     r = _measure(2 * m * n * k, dense_call, sets, 4,
@@ -229,12 +229,12 @@ def dense(m, n, k, dg=None, cold=True, pairs=1):
                          cluster=G.cluster_refusal(a, out) is None,
                          narrow=G.narrow_refusal(a, sa, b, sb, out) is None))
     if dg is not None:
-        _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg), sets, 4,
-                ours=dense_call, pairs=pairs)
+        _beside(r, 2 * m * n * k, lambda a, sa, b, sb, out: D.fp8_gemm_nt(a, sa, b, sb, out, A.detect(), dg),
+                dense_call, sets, 4, pairs=pairs)
     return r
 
 
-def grouped(g, m, n, k, dg=None, cold=True, pairs=1):
+def grouped(g, m, n, k, dg=None, cold=True, pairs=PAIRS):
     sets = operand_sets(lambda: grouped_inputs(g, m, n, k), cold)
     a, sa, b, sb, ids, out, cnt = sets[0]
     flops = 2 * g * m * n * k
@@ -244,7 +244,7 @@ def grouped(g, m, n, k, dg=None, cold=True, pairs=1):
     if dg is not None:
         with D.mk_alignment(128, dg):
             _beside(r, flops, lambda a, sa, b, sb, ids, out, cnt: D.m_grouped_fp8_gemm_nt_contiguous(
-                a, sa, b, sb, ids, out, A.detect(), dg), sets, 5, ours=grouped_call, pairs=pairs)
+                a, sa, b, sb, ids, out, A.detect(), dg), grouped_call, sets, 5, pairs=pairs)
     return r
 
 
@@ -263,7 +263,7 @@ def masked_inputs(g, em, n, k):
     return a.view(g, cap, k), sa, b, sb, masked, torch.empty(g, cap, n, device="cuda", dtype=torch.bfloat16)
 
 
-def masked(g, em, n, k, dg=None, cold=True, pairs=1):
+def masked(g, em, n, k, dg=None, cold=True, pairs=PAIRS):
     sets = operand_sets(lambda: masked_inputs(g, em, n, k), cold)
     a, sa, b, sb, mm, out = sets[0]
     flops = 2 * g * em * n * k
@@ -278,8 +278,8 @@ def masked(g, em, n, k, dg=None, cold=True, pairs=1):
         r["kernel"] = r["kernel"].replace("sm90_ws", "sm90_ws masked")
     if dg is not None:
         _beside(r, flops, lambda a, sa, b, sb, mm, out: D.m_grouped_fp8_gemm_nt_masked(a, sa, b, sb, mm, em, out,
-                                                                                        A.detect(), dg), sets, 5,
-                rows=rows, ours=ours, pairs=pairs)
+                                                                                        A.detect(), dg), ours, sets, 5,
+                rows=rows, pairs=pairs)
     return r
 
 
@@ -302,7 +302,7 @@ def main():
     ap.add_argument("--warm", action="store_true",
                     help="time one operand set over and over (small shapes then run from the L2), as runs before "
                          "2026-12-04k did")
-    ap.add_argument("--pairs", type=int, default=2,
+    ap.add_argument("--pairs", type=int, default=PAIRS,
                     help="rounds of DeepGEMM, DeepGEMM as a programmatic dependent and ours, timed in turn after "
                          "ours and the Triton kernel; each kernel's time is the median of its timings")
     args = ap.parse_args()

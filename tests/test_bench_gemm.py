@@ -52,7 +52,7 @@ def test_the_timings_alternate_and_each_time_is_a_median(monkeypatch):
     order = _patch(monkeypatch, {"dg": [2.0, 4.0, 3.0], "dg_pdl": [5.0, 1.5, 9.0], "ours": [2.5, 3.5, 1.0]})
     sets = _sets()
     sets[0][1].copy_(sets[0][0] * 2)  # what ours wrote
-    r = M._beside({"ms": 3.0, "tflops": 0.0}, 6e9, _dg, sets, 1, ours=_ours, pairs=3)
+    r = M._beside({"ms": 3.0, "tflops": 0.0}, 6e9, _dg, _ours, sets, 1, pairs=3)
     assert order == ["dg", "dg_pdl", "ours"] * 3
     assert r["ms_each"] == {"ours": [3.0, 2.5, 3.5, 1.0], "dg": [2.0, 4.0, 3.0], "dg_pdl": [5.0, 1.5, 9.0]}
     assert r["ms"] == 2.75 and r["tflops"] == pytest.approx(6e9 / 2.75e-3 / 1e12)
@@ -64,7 +64,7 @@ def test_outputs_are_compared_before_timing_and_a_refused_pdl_launch_is_reported
     order = _patch(monkeypatch, {"dg": [2.0, 2.0], "ours": [1.0, 1.0]}, pdl_fails=True)
     sets = _sets()
     sets[0][1].copy_(sets[0][0])  # ours wrote x, DeepGEMM writes 2x
-    r = M._beside({"ms": 1.0, "tflops": 0.0}, 2e9, _dg, sets, 1, ours=_ours, pairs=2)
+    r = M._beside({"ms": 1.0, "tflops": 0.0}, 2e9, _dg, _ours, sets, 1, pairs=2)
     assert order == ["dg", "ours", "dg", "ours"]
     assert r["same"] == f"{M.rel_l2(sets[0][0], sets[0][0] * 2):.1e}"
     assert r["dg_pdl_tflops"] == "not run: DeepGEMM built without PDL"

@@ -26,6 +26,7 @@ def _patch(monkeypatch, us, dg_out=lambda a, b: a @ b.T):
     monkeypatch.setattr(P, "operand_sets", lambda make: [make()])
     monkeypatch.setattr(P, "dense_inputs", _inputs)
     monkeypatch.setattr(P, "dense_call", ours)
+
     def deepgemm(a, sa, b, sb, o, arch, dg):
         o.copy_(dg_out(a, b))
         order.append("deepgemm")
