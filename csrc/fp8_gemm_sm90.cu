@@ -42,6 +42,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace rtp_fp8 {
@@ -523,28 +524,52 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(full0 + 8 * s, phase);
         sa0 = lds_f32(sa_lane + s * kSABytes), sa1 = lds_f32(sa_lane + s * kSABytes + 32);
       }
-      for (int kb = 0; kb < (idle ? 0 : p.kb); ++kb) {
-        // Slot s holds K block kb (waited for). Next: slot s1, phase ph1.
-        const int s1 = s + 1 == kStages ? 0 : s + 1;
-        const uint32_t ph1 = s1 == 0 ? phase ^ 1 : phase;
-        const uint32_t da = desc_a + s * (kABytes >> 4), db = desc_b + s * (kBBytes >> 4);
+      // The K loop unrolled by the ring's slots: in step(C<S>) the slot, the next slot and its phase
+      // flip, the descriptors' slot offsets and the A-scale and barrier addresses are constants, and
+      // the B-scale address is one running pointer (210 instructions per K block and consumer warp
+      // with the slot a variable, 193-194 so; docs/perf.md, thirty-third session). A tile enters the
+      // ring at the slot its first K block is in (the ring runs on across tiles). Per K block: the
+      // first half's chain, waited for and promoted, then the second half's; while the second runs,
+      // the next K block's scales and its slot, so that the next first chain issues right after this
+      // block's promotion (as DeepGEMM's unrolled loop does).
+      const int nkb = idle ? 0 : p.kb;
+      int kb = 0;
+      uint32_t sbp = sbt;  // K block kb's B-scale, first half; the second half's lies p.kb floats on
+      const uint32_t sb_half = 4 * p.kb;
+      auto step = [&](auto slot) {
+        constexpr int S = decltype(slot)::value, S1 = S + 1 == kStages ? 0 : S + 1;
+        const uint32_t da = desc_a + S * (kABytes >> 4), db = desc_b + S * (kBBytes >> 4);
         const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
         mma_issue(part, da, db);
         mma_wait(part);
         promote(acc, part, s00, s10);
         mma_issue(part, da, db + (kBHalfBytes >> 4));
-        // While the second chain runs: the next K block's scales and its slot, so that the next
-        // first chain issues right after this block's promotion (as DeepGEMM's unrolled loop does).
-        if (kb + 1 < p.kb) {
-          sb0 = lds_f32(sbt + 4 * (kb + 1));
-          sb1 = lds_f32(sbt + 4 * (p.kb + kb + 1));
-          mbar_wait(full0 + 8 * s1, ph1);
-          sa0 = lds_f32(sa_lane + s1 * kSABytes), sa1 = lds_f32(sa_lane + s1 * kSABytes + 32);
+        sbp += 4;
+        if (++kb < nkb) {
+          sb0 = lds_f32(sbp);
+          sb1 = lds_f32(sbp + sb_half);
+          mbar_wait(full0 + 8 * S1, S1 == 0 ? phase ^ 1 : phase);
+          sa0 = lds_f32(sa_lane + S1 * kSABytes), sa1 = lds_f32(sa_lane + S1 * kSABytes + 32);
         }
         mma_wait(part);
-        if (releases) mbar_arrive_cluster(empty_c0 + 8 * s);
+        if (releases) mbar_arrive_cluster(empty_c0 + 8 * S);
         promote(acc + 64, part, s01, s11);
-        s = s1, phase = ph1;
+        if (S1 == 0) phase ^= 1;
+      };
+      static_assert(kStages == 3, "the unrolled K loop has one step per ring slot");
+      if (nkb > 0) {
+        if (s == 1) goto slot1;
+        if (s == 2) goto slot2;
+        for (;;) {
+          step(std::integral_constant<int, 0>{});
+          if (kb == nkb) { s = 1; break; }
+        slot1:
+          step(std::integral_constant<int, 1>{});
+          if (kb == nkb) { s = 2; break; }
+        slot2:
+          step(std::integral_constant<int, 2>{});
+          if (kb == nkb) { s = 0; break; }
+        }
       }
       __syncwarp();  // the warp's reads of the B-scale buffer are done
       if (lane == 0) mbar_arrive(sb_empty0 + 8 * (j & 1));
