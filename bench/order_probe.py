@@ -23,7 +23,6 @@ not a result).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 import torch
@@ -99,7 +98,7 @@ def main():
             dump(args.out, {"env": env, "rows": rows})
 
     def geo(key):
-        return math.exp(sum(math.log(r[key]) for r in rows) / len(rows))
+        return statistics.geometric_mean(r[key] for r in rows)
 
     print(f"geomean ours/dg: gemm.py order {geo('ours_over_dg_gemm_py_order'):.3f}, "
           f"alternating {geo('ours_over_dg_alternating'):.3f}")
