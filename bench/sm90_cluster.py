@@ -3,7 +3,7 @@ without it (block_scaled.USE_CLUSTER off: sm90_ws's Gluon 128x256 tiles at these
 with it (as shipped) and DeepGEMM, on bench/gemm.py's M=4096 dense and contiguous grouped shapes (issue #28).
 
     PYTHONPATH=. python3 bench/sm90_cluster.py [--out c.json] [--group-m 8 16] [--clusters 0 66]
-        [--no-multicast] [--reps 2]
+        [--no-multicast] [--reps 2] [--only cluster deepgemm] [--dense]
 
 Needs the extension built (python3 tools/build_ext.py). Operand sets are rotated past the L2
 (bench.common.operand_sets). Each rep times the dispatch without the cluster kernel and with it, the
@@ -73,13 +73,16 @@ def variants(kind, group_ms, dg, caps=(0,), multicast=(True,)):
     return out
 
 
-def measure(sets, oi, todo, reps, exact="cluster", ref=1):
+def measure(sets, oi, todo, reps, exact="cluster", ref=1, only=None):
     """{label: median us}, each rep's times, and how each output (ops[oi]) compares with the Triton
     kernel's, unsplit (the dispatch splits K in the last columns of a column split): todo[ref]'s
     variant, the dispatch, with block_scaled's flags set to take it. Variants whose label starts with
-    `exact` must give its bits."""
+    `exact` must give its bits. `only`: label prefixes to compare and time (None: every variant); the
+    reference is computed either way."""
     with patched(USE_WS=False, USE_SWAP=False, USE_NARROW=False, FORCE_SPLIT_K=1):
         want = output_of(todo[ref][1], sets[0], sets[0][oi])
+    if only is not None:
+        todo = [(label, call) for label, call in todo if label.startswith(tuple(only))]
     same = {}
     for label, call in todo:
         got = output_of(call, sets[0], sets[0][oi])
@@ -115,6 +118,9 @@ def main():
                     help="also each cluster variant with multicast off (each CTA loads its own B)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-deepgemm", action="store_true")
+    ap.add_argument("--only", nargs="+", metavar="PREFIX",
+                    help="time only the variants whose label starts with one of these (e.g. 'cluster' 'deepgemm')")
+    ap.add_argument("--dense", action="store_true", help="the dense shapes only")
     args = ap.parse_args()
     dg, env = extension_env("sm90_cluster", args.no_deepgemm)
     ceiling = fp8_gemm_tflops()
@@ -124,6 +130,8 @@ def main():
     print(f"cuBLASLt per-tensor FP8 GEMM 8192^3: {ceiling:.0f} TFLOP/s", flush=True)
     rows = []
     for kind, shape in SHAPES:
+        if args.dense and kind != "dense":
+            continue
         if kind == "dense":
             sets, oi = operand_sets(lambda s=shape: dense_inputs(*s)), 4
             flops = 2 * shape[0] * shape[1] * shape[2]
@@ -131,7 +139,8 @@ def main():
             sets, oi = operand_sets(lambda s=shape: grouped_inputs(*s)), 5
             flops = 2 * shape[0] * shape[1] * shape[2] * shape[3]
         r = measure(sets, oi, variants(kind, args.group_m, dg, args.clusters,
-                                            (True, False) if args.no_multicast else (True,)), args.reps)
+                                            (True, False) if args.no_multicast else (True,)), args.reps,
+                    only=args.only)
         r["tflops"] = {label: flops / (us * 1e-6) / 1e12 for label, us in r["us"].items()}
         rows.append({"kind": kind, "shape": list(shape), "operand_sets": len(sets), **r})
         cells = "  ".join(f"{label} {us:7.1f} us {r['tflops'][label]:5.0f}" for label, us in r["us"].items())

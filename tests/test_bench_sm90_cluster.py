@@ -37,6 +37,23 @@ def test_reference_comparisons_and_turns(monkeypatch):
     assert r["reps_us"]["cluster g8"] == [1.0, 1.0] and _flags() == before
 
 
+def test_only_times_the_named_variants_and_still_checks_them_against_the_reference(monkeypatch):
+    seen = []
+
+    def ref_call(x, out):  # the 'dispatch' slot, not timed: it still gives the reference's bits
+        out.copy_(x if not G.USE_WS and G.FORCE_SPLIT_K == 1 and not G.USE_SWAP else x + 1)
+
+    todo = [("sm90_ws", lambda x, out: pytest.fail("ran a variant not asked for")), ("dispatch", ref_call),
+            ("cluster g4", lambda x, out: out.copy_(x)), ("deepgemm", lambda x, out: out.copy_(x * 2))]
+    monkeypatch.setattr(C, "rotated_ms", lambda call, sets: seen.append(call) or 2e-3)
+    r = C.measure(_sets(), 1, todo, reps=2, only=["cluster", "deepgemm"])
+    assert list(r["us"]) == ["cluster g4", "deepgemm"] and r["us"]["cluster g4"] == 2.0
+    assert seen == [todo[2][1], todo[3][1]] * 2 and r["same"]["cluster g4"] == "bit"
+    todo[2] = ("cluster g4", lambda x, out: out.copy_(x - 1))
+    with pytest.raises(AssertionError, match="cluster g4 differs from the Triton kernel"):
+        C.measure(_sets(), 1, todo, reps=1, only=["cluster"])
+
+
 def test_a_cluster_variant_that_differs_stops_the_run(monkeypatch):
     monkeypatch.setattr(C, "rotated_ms", lambda call, sets: pytest.fail("timed a wrong kernel"))
     todo = [("sm90_ws", lambda x, out: out.copy_(x)), ("dispatch", lambda x, out: out.copy_(x)),
