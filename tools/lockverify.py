@@ -30,6 +30,7 @@ import os
 import pathlib
 import re
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -48,10 +49,19 @@ from tools.locktool import PLATFORM, canon  # noqa: E402  (what every lock is re
 TIMEOUT = 30.0
 _JSON = "application/vnd.pypi.simple.v1+json"
 USER_AGENT = "rtp_fp8-lockverify/1"
+# Waits before the second and third tries of an index page that did not answer (a name lookup that
+# failed for a moment, a refused connection, HTTP 429 or 5xx): one such failure marks the index
+# down for the whole run, so it is retried before it does.
+RETRY_DELAYS = (2.0, 6.0)
 
 
 class IndexError_(Exception):
     """An index that cannot be read (unreachable, malformed answer)."""
+
+
+class Unverified(str):
+    """A lock line that could not be checked (its index unreachable, no local file with its digest):
+    not evidence against the lock, and no reason to regenerate it; `verify` still fails on it."""
 
 
 # ----------------------------------------------------------------------------- file names
@@ -130,16 +140,24 @@ class _Anchors(html.parser.HTMLParser):
 def index_files(index_url: str, project: str) -> list[dict]:
     """Files the index serves for a project: {filename, url, sha256, metadata} (PEP 691 or PEP 503)."""
     page = index_url.rstrip("/") + "/" + canon(project) + "/"
-    try:
-        with _open(page, {"Accept": f"{_JSON}, text/html;q=0.1"}) as resp:
-            ctype = resp.headers.get("Content-Type", "")
-            body = resp.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return []
-        raise IndexError_(f"{page}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise IndexError_(f"{page}: {getattr(exc, 'reason', exc)}") from None
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            with _open(page, {"Accept": f"{_JSON}, text/html;q=0.1"}) as resp:
+                ctype = resp.headers.get("Content-Type", "")
+                body = resp.read()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            why, transient = f"HTTP {exc.code}", exc.code == 429 or exc.code >= 500
+        except (urllib.error.URLError, OSError) as exc:
+            why, transient = str(getattr(exc, "reason", exc)), True
+        except ValueError as exc:  # a malformed URL: no retry mends it
+            why, transient = str(exc), False
+        if not transient or delay is None:
+            tries = len(RETRY_DELAYS) + 1 if transient else 1
+            raise IndexError_(f"{page}: {why}" + (f" ({tries} tries)" if tries > 1 else "")) from None
+        time.sleep(delay)
     out = []
     if "json" in ctype:
         try:
@@ -297,6 +315,14 @@ class Finder:
             self._cache[key] = found
         return self._cache[key]
 
+    def serves(self, project: str, version: str) -> bool:
+        """Whether an index that answered lists a file of exactly project==version (local files aside)."""
+        for f in self.files(project):
+            parsed = None if f.get("local") else parse_filename(f["filename"])
+            if parsed and parsed[0] == canon(project) and same_version(parsed[1], version):
+                return True
+        return False
+
 
 def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
                download: set[str]) -> tuple[list[str], list[dict]]:
@@ -313,6 +339,11 @@ def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
         for h in e["hashes"]:
             sha = h.split(":", 1)[1]
             f = by_sha.get(sha)
+            if f is None and finder.down and not finder.serves(e["name"], e["version"]):
+                out.append(Unverified(f"{where}: --hash=sha256:{sha[:16]}... not checked: no index that answered "
+                                      f"lists {e['name']}=={e['version']} ({', '.join(finder.down)} unreachable), "
+                                      "and no file in the local wheel folders has this digest"))
+                continue
             if f is None:
                 out.append(f"{where}: --hash=sha256:{sha[:16]}... is not the digest of any file "
                            f"{', '.join(finder.indexes)} serves for {e['name']}"
@@ -365,7 +396,10 @@ def completeness(lock: str, entries: dict[str, dict], finder: Finder, python: st
             if f.get("sha256") in shas and parsed and parsed[2] is not None and wheel_fits(parsed[2], python):
                 fitting.append(f)
         if not fitting:
-            return e["name"], None, f"{lock}:{e['line']}: {e['name']}=={e['version']}: no wheel to read metadata from"
+            msg = f"{lock}:{e['line']}: {e['name']}=={e['version']}: no wheel to read metadata from"
+            if finder.down and not finder.serves(e["name"], e["version"]):  # perhaps on an index that did not answer
+                return e["name"], None, Unverified(f"{msg} ({', '.join(finder.down)} unreachable)")
+            return e["name"], None, msg
         try:
             text = wheel_metadata(fitting[0])
         except (IndexError_, urllib.error.URLError, OSError, zipfile.BadZipFile) as exc:

@@ -219,3 +219,117 @@ def test_stamp_digests_are_plain_sha256(repo):
     """What the docs say about the stamp is what it is."""
     stamps = json.loads((repo / "deps/lock_stamps.json").read_text())
     assert stamps["cpu"]["lock_sha256"] == hashlib.sha256((repo / LOCK).read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- an index that does not answer
+
+
+class _Page:
+    """A fake index answer (PEP 691 JSON) for lockverify._open."""
+
+    def __init__(self, files):
+        self.headers = {"Content-Type": "application/vnd.pypi.simple.v1+json"}
+        self._body = json.dumps({"files": files}).encode()
+
+    def read(self):
+        return self._body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_an_index_page_that_fails_for_a_moment_is_retried(monkeypatch):
+    """A name lookup that failed once (CI saw `Temporary failure in name resolution` from pypi.org)
+    must not mark the index down for the whole run: the page is asked again."""
+    import urllib.error
+
+    from tools import lockverify as lv
+
+    calls = []
+
+    def flaky(url, headers=None, timeout=lv.TIMEOUT):
+        calls.append(url)
+        if len(calls) == 1:
+            raise urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+        return _Page([{"filename": "x-1.0-py3-none-any.whl", "url": "x-1.0-py3-none-any.whl",
+                       "hashes": {"sha256": "ab" * 32}}])
+
+    monkeypatch.setattr(lv, "_open", flaky)
+    monkeypatch.setattr(lv, "RETRY_DELAYS", (0.0, 0.0))
+    finder = lv.Finder(["https://index.invalid/simple"], [])
+    assert [f["sha256"] for f in finder.files("x")] == ["ab" * 32]
+    assert finder.down == {} and calls == ["https://index.invalid/simple/x/"] * 2
+
+    calls.clear()
+    monkeypatch.setattr(lv, "_open", lambda *a, **k: calls.append(a[0]) or (_ for _ in ()).throw(
+        urllib.error.URLError("Name or service not known")))
+    finder = lv.Finder(["https://index.invalid/simple"], [])
+    assert finder.files("x") == []
+    assert finder.down == {"https://index.invalid/simple": "https://index.invalid/simple/x/: Name or service "
+                                                           "not known (3 tries)"}
+    assert len(calls) == 3
+    # a 404 is an answer (no such project), not a failure: asked once
+    calls.clear()
+    monkeypatch.setattr(lv, "_open", lambda *a, **k: calls.append(a[0]) or (_ for _ in ()).throw(
+        urllib.error.HTTPError(a[0], 404, "Not Found", {}, None)))
+    finder = lv.Finder(["https://index.invalid/simple"], [])
+    assert finder.files("x") == [] and finder.down == {} and len(calls) == 1
+
+
+def test_a_hash_an_answering_index_does_not_list_is_wrong_even_with_another_index_down(monkeypatch, tmp_path):
+    """Row 1b with the second index down: the index that answered lists numpy==2.4.6, and the
+    lock's hash is none of its files, so the line is wrong, not merely unchecked."""
+    import urllib.error
+
+    from tools import lockverify as lv
+
+    good = "cd" * 32
+
+    def two_indexes(url, headers=None, timeout=lv.TIMEOUT):
+        if url.startswith("https://up.invalid/"):
+            return _Page([{"filename": "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", "url": "n.whl",
+                           "hashes": {"sha256": good}}])
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(lv, "_open", two_indexes)
+    monkeypatch.setattr(lv, "RETRY_DELAYS", (0.0, 0.0))
+    finder = lv.Finder(["https://up.invalid/simple", "https://down.invalid/simple"], [str(tmp_path)])
+    entry = {"name": "numpy", "version": "2.4.6", "line": 7, "hashes": [f"sha256:{flip(good)}"]}
+    problems, _ = lv.provenance("L", {"numpy": entry}, finder, "3.11", set())
+    assert problems == [f"L:7: numpy==2.4.6: --hash=sha256:{flip(good)[:16]}... is not the digest of any file "
+                        "https://up.invalid/simple, https://down.invalid/simple serves for numpy (nor of one in "
+                        "the local wheel folders)"]
+    assert not isinstance(problems[0], lv.Unverified)
+    entry["hashes"] = [f"sha256:{good}"]
+    assert lv.provenance("L", {"numpy": entry}, finder, "3.11", set())[0] == []
+
+
+def test_verify_with_the_index_unreachable_says_not_checked_and_never_advises_regenerating(repo, monkeypatch,
+                                                                                          capsys):
+    """CI once ran `tools/lock verify` while pypi.org's name did not resolve: 724 lines claimed the
+    lock's hashes were not the index's, and the fix printed was `tools/lock update cpu`, which
+    would rewrite a good lock from whatever the network then gave. Unchecked lines say so, and the
+    fix is to verify again; the run still fails (nothing was verified)."""
+    import dataclasses
+
+    from tools import lockverify as lv
+
+    monkeypatch.setattr(lv, "RETRY_DELAYS", (0.0, 0.0))
+    cfg = tcmod.load(repo)
+    dead = "http://127.0.0.1:9/simple"  # the discard port: refused at once
+    cfg.toolchains["cpu"] = dataclasses.replace(cfg.toolchains["cpu"], index_url=dead, extra_index_urls=())
+    empty = repo / "no-wheels"
+    empty.mkdir()
+    assert locktool.verify(["cpu"], cfg, repo, [str(empty)], None, False, closure=True) == 1
+    out = capsys.readouterr().out
+    numpy_sha = first_hash(repo, "numpy")
+    assert f"numpy==2.4.6: --hash=sha256:{numpy_sha[:16]}... not checked: no index that answered lists " \
+           f"numpy==2.4.6 ({dead} unreachable), and no file in the local wheel folders has this digest" in out
+    assert "is not the digest" not in out
+    fixes = [line for line in out.splitlines() if line.startswith("fix: ")]
+    assert fixes == [f"fix: run tools/lock verify cpu again once {dead} answers (a line not checked is not "
+                     "known to be wrong: do not regenerate the lock for it)"]
+    assert f"{LOCK}: {dead} unreachable (" in out and "(3 tries)" in out
