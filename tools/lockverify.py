@@ -89,6 +89,11 @@ def same_version(a: str, b: str) -> bool:
         return a == b
 
 
+def is_file_of(parsed: tuple[str, str, tuple[str, str, str] | None] | None, name: str, version: str) -> bool:
+    """Whether a parsed file name (parse_filename) is a distribution of exactly name==version."""
+    return parsed is not None and parsed[0] == canon(name) and same_version(parsed[1], version)
+
+
 def wheel_fits(tags: tuple[str, str, str], python: str) -> bool:
     """Whether pip on Linux x86_64 (glibc) CPython `python` would install a wheel with these tags."""
     major, minor = (int(x) for x in python.split("."))
@@ -317,11 +322,8 @@ class Finder:
 
     def serves(self, project: str, version: str) -> bool:
         """Whether an index that answered lists a file of exactly project==version (local files aside)."""
-        for f in self.files(project):
-            parsed = None if f.get("local") else parse_filename(f["filename"])
-            if parsed and parsed[0] == canon(project) and same_version(parsed[1], version):
-                return True
-        return False
+        return any(not f.get("local") and is_file_of(parse_filename(f["filename"]), project, version)
+                   for f in self.files(project))
 
 
 def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
@@ -336,10 +338,11 @@ def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
         files = finder.files(e["name"])
         by_sha = {f["sha256"]: f for f in files if f.get("sha256")}
         fitting = []
+        unchecked = bool(finder.down) and not finder.serves(e["name"], e["version"])  # no answering index lists it
         for h in e["hashes"]:
             sha = h.split(":", 1)[1]
             f = by_sha.get(sha)
-            if f is None and finder.down and not finder.serves(e["name"], e["version"]):
+            if f is None and unchecked:
                 out.append(Unverified(f"{where}: --hash=sha256:{sha[:16]}... not checked: no index that answered "
                                       f"lists {e['name']}=={e['version']} ({', '.join(finder.down)} unreachable), "
                                       "and no file in the local wheel folders has this digest"))
@@ -350,7 +353,7 @@ def provenance(lock: str, entries: dict[str, dict], finder: Finder, python: str,
                            + (" (nor of one in the local wheel folders)" if finder.down else ""))
                 continue
             parsed = parse_filename(f["filename"])
-            if parsed is None or parsed[0] != e["name"] or not same_version(parsed[1], e["version"]):
+            if not is_file_of(parsed, e["name"], e["version"]):
                 out.append(f"{where}: --hash=sha256:{sha[:16]}... is the digest of {f['filename']}, "
                            f"not of a {e['name']}=={e['version']} file")
                 continue
