@@ -2,7 +2,8 @@
 timed as bench/gemm.py times its GEMMs (CUDA-graph replays over operand sets rotated past the L2, so
 each call reads device memory, not the cache the call before filled), its launch and drain included.
 
-    PYTHONPATH=. python3 bench/read_floor.py [--mb 14.68 29.36] [--out F]
+    PYTHONPATH=. python3 bench/read_floor.py [--mb 14.68 29.36] [--tiles 7168x2048 4096x7168]
+        [--tile-rows 56 32] [--out F]
 
 A memory-bound GEMM (a decode batch's weights) reads at least its weight's bytes, so this floor (the
 fastest read of the sweep) is what a GEMM of that size can hope to approach on the same GPU;
@@ -10,6 +11,12 @@ bench/gemm.py's limit (bytes at the large-copy bandwidth) leaves out the fixed c
 dominates at a few MB. The floor is the fastest of a small sweep (words per program step, programs,
 warps); the kernel XORs every 32-bit word once, and the result is checked, so a configuration cannot
 pass by skipping bytes.
+
+--tiles times the same bytes read in a GEMM's weight pattern (tile_floor_us): an [N, K] byte matrix
+as boxes of ROWS rows by 128 bytes (the narrow kernel's TMA boxes of B, --tile-rows), `group` K blocks
+side by side per program (1: a row's 128-byte pieces fetched apart, as the GEMM's ring does; K / 128:
+whole rows), one program per box group, taken stripe-major or K-major. Beside the contiguous floor of
+the same bytes in the same run it shows what the boxes' access pattern costs device memory, if anything.
 """
 
 from __future__ import annotations
@@ -46,6 +53,92 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.reduce(acc, 0, _xor))
 
 
+@triton.jit
+def _read_tiles_kernel(x_ptr, out_ptr, n_rows, row_words, tiles_n, groups, ROWS: tl.constexpr,
+                       ROWS_P2: tl.constexpr, COLS: tl.constexpr, COLS_P2: tl.constexpr, K_MAJOR: tl.constexpr):
+    """out[pid] = the XOR of one [ROWS, COLS] box of x [n_rows, row_words] (int32): row stripe s and
+    column group g of program pid = s * groups + g (stripe-major) or g * tiles_n + s (K_MAJOR)."""
+    pid = tl.program_id(0)
+    if K_MAJOR:
+        stripe = pid % tiles_n
+        group = pid // tiles_n
+    else:
+        stripe = pid // groups
+        group = pid % groups
+    r = tl.arange(0, ROWS_P2)
+    rows = stripe * ROWS + r
+    c = tl.arange(0, COLS_P2)
+    cols = group * COLS + c
+    mask = ((r < ROWS) & (rows < n_rows))[:, None] & ((c < COLS) & (cols < row_words))[None, :]
+    v = tl.load(x_ptr + rows[:, None] * row_words + cols[None, :], mask=mask, other=0,
+                eviction_policy="evict_first")
+    tl.store(out_ptr + pid, tl.reduce(tl.reduce(v, 1, _xor), 0, _xor))
+
+
+K_BLOCK_WORDS = 32  # one K block of an FP8 weight row: 128 bytes
+TILE_GROUPS = (1, 2, 4, 8)  # K blocks per program side by side (and whole rows, see tile_configs)
+
+
+def tile_configs(k_words: int) -> list[tuple[int, bool]]:
+    """(group, k_major) to time for rows of k_words int32 words: 1, 2, 4 and 8 K blocks per program
+    (those not over the row) and the whole row, each stripe-major and K-major (one order for whole rows)."""
+    blocks = -(-k_words // K_BLOCK_WORDS)
+    groups = sorted({g for g in TILE_GROUPS if g < blocks} | {blocks})
+    return [(g, km) for g in groups for km in ((False, True) if g < blocks else (False,))]
+
+
+def read_tiles_xor(x: torch.Tensor, out: torch.Tensor, rows: int, group: int, k_major: bool,
+                   warps: int = 4) -> int:
+    """Run the tile read over x ([N, K words] int32, contiguous) with boxes of `rows` rows by `group`
+    K blocks into out[:programs]; the XOR of what it read (each word once: x's XOR)."""
+    if x.dtype != torch.int32 or x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"read_tiles_xor: x must be 2-D contiguous int32, got {x.dtype} {tuple(x.shape)}")
+    if rows < 1 or group < 1:
+        raise ValueError(f"read_tiles_xor: rows and group must be >= 1, got {rows} and {group}")
+    n, kw = x.shape
+    tiles_n, groups = -(-n // rows), -(-kw // (group * K_BLOCK_WORDS))
+    programs = tiles_n * groups
+    if out.numel() < programs:
+        raise ValueError(f"read_tiles_xor: out has {out.numel()} slots for {programs} programs")
+    _read_tiles_kernel[(programs,)](x, out, n, kw, tiles_n, groups, ROWS=rows,
+                                    ROWS_P2=triton.next_power_of_2(rows), COLS=group * K_BLOCK_WORDS,
+                                    COLS_P2=triton.next_power_of_2(group * K_BLOCK_WORDS), K_MAJOR=k_major,
+                                    num_warps=warps)
+    return expected_xor(out[:programs])
+
+
+def tile_floor_us(n: int, k: int, rows: int) -> list[dict]:
+    """Each tile_configs read of an [N, K] FP8 weight's bytes (K a multiple of 4) in boxes of `rows`
+    rows, timed over operand sets rotated past the L2 after its XOR is checked: [{"group", "k_major",
+    "programs", "us"}], fastest first."""
+    if k % 4:
+        raise ValueError(f"tile_floor_us: K={k} must be a multiple of 4 (whole int32 words)")
+    kw = k // 4
+    tiles_n = -(-n // rows)
+    most = tiles_n * -(-kw // K_BLOCK_WORDS)
+
+    def make():
+        return (torch.randint(-2**31, 2**31 - 1, (n, kw), dtype=torch.int32, device="cuda"),
+                torch.empty(most, dtype=torch.int32, device="cuda"))
+
+    sets = operand_sets(make)
+    want = expected_xor(sets[0][0])
+    each = []
+    for group, k_major in tile_configs(kw):
+        got = read_tiles_xor(*sets[0], rows, group, k_major)
+        if got != want:
+            raise RuntimeError(f"tile read: {rows} rows, group {group}, k_major {k_major} read XOR "
+                               f"{got:#x}, not {want:#x}")
+        groups = -(-kw // (group * K_BLOCK_WORDS))
+        ms = rotated_ms(lambda x, out, g=group, km=k_major, gs=groups: _read_tiles_kernel[(tiles_n * gs,)](
+            x, out, n, kw, tiles_n, gs, ROWS=rows, ROWS_P2=triton.next_power_of_2(rows),
+            COLS=g * K_BLOCK_WORDS, COLS_P2=triton.next_power_of_2(g * K_BLOCK_WORDS), K_MAJOR=km,
+            num_warps=4), sets)
+        each.append({"group": group, "k_major": k_major, "programs": tiles_n * groups, "us": ms * 1e3,
+                     "operand_sets": len(sets)})
+    return sorted(each, key=lambda c: c["us"])
+
+
 def configs(nwords: int, sms: int) -> list[tuple[int, int, int]]:
     """(BLOCK, programs, num_warps) to try for nwords words on sms SMs: persistent grids of 1-8
     programs per SM, and one program per BLOCK words (each reads one step)."""
@@ -68,8 +161,8 @@ def read_xor(x: torch.Tensor, out: torch.Tensor, block: int, programs: int, warp
 
 
 def expected_xor(x: torch.Tensor) -> int:
-    """The XOR of x's int32 words, as read_xor returns it."""
-    return int(np.bitwise_xor.reduce(x.cpu().numpy()))
+    """The XOR of x's int32 words (any shape), as read_xor returns it."""
+    return int(np.bitwise_xor.reduce(x.cpu().numpy().reshape(-1)))
 
 
 def read_floor_us(nbytes: int, sms: int | None = None) -> tuple[float, dict]:
@@ -102,10 +195,23 @@ def read_floor_us(nbytes: int, sms: int | None = None) -> tuple[float, dict]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, nargs="+", default=[7168 * 2048 / 1e6, 4096 * 7168 / 1e6],
+    ap.add_argument("--mb", type=float, nargs="*", default=[7168 * 2048 / 1e6, 4096 * 7168 / 1e6],
                     help="sizes in MB (1e6 bytes); default: DeepSeek-V3's expert down and gate_up weights")
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="NxK",
+                    help="also read N x K byte weights in the GEMM's box pattern (tile_floor_us)")
+    ap.add_argument("--tile-rows", type=int, nargs="+", default=[56, 32])
     ap.add_argument("--out")
     args = ap.parse_args()
+    try:
+        tiles = [tuple(int(v) for v in t.lower().split("x")) for t in args.tiles]
+        if any(len(t) != 2 or min(t) < 1 for t in tiles):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--tiles takes NxK pairs of positive integers, e.g. 7168x2048, got {args.tiles}")
+    if any(k % 4 for _, k in tiles):
+        ap.error("--tiles: K must be a multiple of 4 (the reads are whole int32 words)")
+    if min(args.tile_rows) < 1:
+        ap.error(f"--tile-rows must be >= 1, got {args.tile_rows}")
     env = environment()
     print(env)
     sms = num_sms(torch.cuda.current_device())
@@ -116,8 +222,20 @@ def main():
         one_per_sm = min((c for c in cfg["each"] if c["programs"] <= sms), key=lambda c: c["us"])
         print(f"{mb:8.2f} MB  {us:6.2f} us  {mb * 1e3 / us:6.0f} GB/s  BLOCK {cfg['block']}, {cfg['programs']} "
               f"programs, {cfg['num_warps']} warps; one program per SM at best {one_per_sm['us']:.2f} us", flush=True)
-    if args.out:
-        dump(args.out, {"env": env, "results": rows})
+        if args.out:
+            dump(args.out, {"env": env, "results": rows})
+    for n, k in tiles:
+        us, cfg = read_floor_us(n * k, sms)
+        row = {"tiles": [n, k], "contiguous_us": us, "contiguous": cfg, "boxes": {}}
+        print(f"{n} x {k} ({n * k / 1e6:.2f} MB): contiguous floor {us:.2f} us", flush=True)
+        for rows_ in args.tile_rows:
+            each = tile_floor_us(n, k, rows_)
+            row["boxes"][rows_] = each
+            cells = ", ".join(f"g{c['group']}{' K-major' if c['k_major'] else ''} {c['us']:.2f}" for c in each)
+            print(f"    {rows_}-row boxes: {cells}  (best / contiguous {each[0]['us'] / us:.2f})", flush=True)
+        rows.append(row)
+        if args.out:
+            dump(args.out, {"env": env, "results": rows})
 
 
 if __name__ == "__main__":
