@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import subprocess
@@ -11,6 +12,17 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 from rtp_fp8.arch import detect
+
+
+def nk_pair(text):
+    """An argparse type: "NxK" -> (N, K), both >= 1."""
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxK, e.g. 7168x2048, got {text!r}") from None
+    if n < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} needs N, K >= 1")
+    return n, k
 
 
 def median_ms(fn, warmup=25, rep=200) -> float:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.common import dump, environment, operand_sets, rotated_ms
+from bench.common import dump, environment, nk_pair, operand_sets, rotated_ms
 from rtp_fp8.arch import num_sms
 
 BLOCKS = (1024, 4096)  # int32 words per program step (4 and 16 KB)
@@ -87,6 +87,20 @@ def tile_configs(k_words: int) -> list[tuple[int, bool]]:
     return [(g, km) for g in groups for km in ((False, True) if g < blocks else (False,))]
 
 
+def tile_programs(n: int, k_words: int, rows: int, group: int) -> int:
+    """The tile read's programs over [N, K words]: one per box of `rows` rows by `group` K blocks."""
+    return -(-n // rows) * -(-k_words // (group * K_BLOCK_WORDS))
+
+
+def _launch_tiles(x: torch.Tensor, out: torch.Tensor, rows: int, group: int, k_major: bool, warps: int) -> None:
+    """_read_tiles_kernel over x [N, K words] in boxes of `rows` rows by `group` K blocks."""
+    n, kw = x.shape
+    tiles_n, cols = -(-n // rows), group * K_BLOCK_WORDS
+    _read_tiles_kernel[(tile_programs(n, kw, rows, group),)](
+        x, out, n, kw, tiles_n, -(-kw // cols), ROWS=rows, ROWS_P2=triton.next_power_of_2(rows), COLS=cols,
+        COLS_P2=triton.next_power_of_2(cols), K_MAJOR=k_major, num_warps=warps)
+
+
 def read_tiles_xor(x: torch.Tensor, out: torch.Tensor, rows: int, group: int, k_major: bool,
                    warps: int = 4) -> int:
     """Run the tile read over x ([N, K words] int32, contiguous) with boxes of `rows` rows by `group`
@@ -95,15 +109,10 @@ def read_tiles_xor(x: torch.Tensor, out: torch.Tensor, rows: int, group: int, k_
         raise ValueError(f"read_tiles_xor: x must be 2-D contiguous int32, got {x.dtype} {tuple(x.shape)}")
     if rows < 1 or group < 1:
         raise ValueError(f"read_tiles_xor: rows and group must be >= 1, got {rows} and {group}")
-    n, kw = x.shape
-    tiles_n, groups = -(-n // rows), -(-kw // (group * K_BLOCK_WORDS))
-    programs = tiles_n * groups
+    programs = tile_programs(*x.shape, rows, group)
     if out.numel() < programs:
         raise ValueError(f"read_tiles_xor: out has {out.numel()} slots for {programs} programs")
-    _read_tiles_kernel[(programs,)](x, out, n, kw, tiles_n, groups, ROWS=rows,
-                                    ROWS_P2=triton.next_power_of_2(rows), COLS=group * K_BLOCK_WORDS,
-                                    COLS_P2=triton.next_power_of_2(group * K_BLOCK_WORDS), K_MAJOR=k_major,
-                                    num_warps=warps)
+    _launch_tiles(x, out, rows, group, k_major, warps)
     return expected_xor(out[:programs])
 
 
@@ -114,8 +123,7 @@ def tile_floor_us(n: int, k: int, rows: int) -> list[dict]:
     if k % 4:
         raise ValueError(f"tile_floor_us: K={k} must be a multiple of 4 (whole int32 words)")
     kw = k // 4
-    tiles_n = -(-n // rows)
-    most = tiles_n * -(-kw // K_BLOCK_WORDS)
+    most = tile_programs(n, kw, rows, 1)
 
     def make():
         return (torch.randint(-2**31, 2**31 - 1, (n, kw), dtype=torch.int32, device="cuda"),
@@ -129,13 +137,9 @@ def tile_floor_us(n: int, k: int, rows: int) -> list[dict]:
         if got != want:
             raise RuntimeError(f"tile read: {rows} rows, group {group}, k_major {k_major} read XOR "
                                f"{got:#x}, not {want:#x}")
-        groups = -(-kw // (group * K_BLOCK_WORDS))
-        ms = rotated_ms(lambda x, out, g=group, km=k_major, gs=groups: _read_tiles_kernel[(tiles_n * gs,)](
-            x, out, n, kw, tiles_n, gs, ROWS=rows, ROWS_P2=triton.next_power_of_2(rows),
-            COLS=g * K_BLOCK_WORDS, COLS_P2=triton.next_power_of_2(g * K_BLOCK_WORDS), K_MAJOR=km,
-            num_warps=4), sets)
-        each.append({"group": group, "k_major": k_major, "programs": tiles_n * groups, "us": ms * 1e3,
-                     "operand_sets": len(sets)})
+        ms = rotated_ms(lambda x, out, g=group, km=k_major: _launch_tiles(x, out, rows, g, km, 4), sets)
+        each.append({"group": group, "k_major": k_major, "programs": tile_programs(n, kw, rows, group),
+                     "us": ms * 1e3, "operand_sets": len(sets)})
     return sorted(each, key=lambda c: c["us"])
 
 
@@ -197,17 +201,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, nargs="*", default=[7168 * 2048 / 1e6, 4096 * 7168 / 1e6],
                     help="sizes in MB (1e6 bytes); default: DeepSeek-V3's expert down and gate_up weights")
-    ap.add_argument("--tiles", nargs="*", default=[], metavar="NxK",
+    ap.add_argument("--tiles", nargs="*", type=nk_pair, default=[], metavar="NxK",
                     help="also read N x K byte weights in the GEMM's box pattern (tile_floor_us)")
     ap.add_argument("--tile-rows", type=int, nargs="+", default=[56, 32])
     ap.add_argument("--out")
     args = ap.parse_args()
-    try:
-        tiles = [tuple(int(v) for v in t.lower().split("x")) for t in args.tiles]
-        if any(len(t) != 2 or min(t) < 1 for t in tiles):
-            raise ValueError
-    except ValueError:
-        ap.error(f"--tiles takes NxK pairs of positive integers, e.g. 7168x2048, got {args.tiles}")
+    tiles = args.tiles
     if any(k % 4 for _, k in tiles):
         ap.error("--tiles: K must be a multiple of 4 (the reads are whole int32 words)")
     if min(args.tile_rows) < 1:
@@ -215,9 +214,9 @@ def main():
     env = environment()
     print(env)
     sms = num_sms(torch.cuda.current_device())
-    rows = []
+    rows, floors = [], {}  # bytes -> read_floor_us, each size measured once
     for mb in args.mb:
-        us, cfg = read_floor_us(int(mb * 1e6), sms)
+        us, cfg = floors[int(mb * 1e6)] = read_floor_us(int(mb * 1e6), sms)
         rows.append({"mb": mb, "us": us, "gbs": mb * 1e3 / us, **cfg})
         one_per_sm = min((c for c in cfg["each"] if c["programs"] <= sms), key=lambda c: c["us"])
         print(f"{mb:8.2f} MB  {us:6.2f} us  {mb * 1e3 / us:6.0f} GB/s  BLOCK {cfg['block']}, {cfg['programs']} "
@@ -225,7 +224,9 @@ def main():
         if args.out:
             dump(args.out, {"env": env, "results": rows})
     for n, k in tiles:
-        us, cfg = read_floor_us(n * k, sms)
+        if n * k not in floors:
+            floors[n * k] = read_floor_us(n * k, sms)
+        us, cfg = floors[n * k]
         row = {"tiles": [n, k], "contiguous_us": us, "contiguous": cfg, "boxes": {}}
         print(f"{n} x {k} ({n * k / 1e6:.2f} MB): contiguous floor {us:.2f} us", flush=True)
         for rows_ in args.tile_rows:

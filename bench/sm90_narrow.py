@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import copy_bandwidth_gbs, dump, fp8_gemm_tflops, operand_sets
+from bench.common import copy_bandwidth_gbs, dump, fp8_gemm_tflops, nk_pair, operand_sets
 from bench.gemm import EXPERT_NK, dense_call, dense_inputs, flagged
 from bench.sm90_cluster import extension_env, measure
 from rtp_fp8 import _ext
@@ -54,17 +54,6 @@ def variants(block_ns, stages, dg, multicast=(False, True), pdl=(0,)):
 
         out.append(("deepgemm pdl", dg_pdl))
     return out
-
-
-def nk_pair(text):
-    """--nk's "NxK" -> (N, K), both >= 1."""
-    try:
-        n, k = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NxK, e.g. 7168x2048, got {text!r}") from None
-    if n < 1 or k < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} needs N, K >= 1")
-    return n, k
 
 
 def main():
