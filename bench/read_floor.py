@@ -30,6 +30,7 @@ import triton.language as tl
 
 from bench.common import dump, environment, nk_pair, operand_sets, rotated_ms
 from rtp_fp8.arch import num_sms
+from rtp_fp8.quant.layout import cdiv
 
 BLOCKS = (1024, 4096)  # int32 words per program step (4 and 16 KB)
 PROGRAMS_PER_SM = (1, 2, 4, 8)  # persistent grids; and one program per step (one pass each)
@@ -82,22 +83,22 @@ TILE_GROUPS = (1, 2, 4, 8)  # K blocks per program side by side (and whole rows,
 def tile_configs(k_words: int) -> list[tuple[int, bool]]:
     """(group, k_major) to time for rows of k_words int32 words: 1, 2, 4 and 8 K blocks per program
     (those not over the row) and the whole row, each stripe-major and K-major (one order for whole rows)."""
-    blocks = -(-k_words // K_BLOCK_WORDS)
+    blocks = cdiv(k_words, K_BLOCK_WORDS)
     groups = sorted({g for g in TILE_GROUPS if g < blocks} | {blocks})
     return [(g, km) for g in groups for km in ((False, True) if g < blocks else (False,))]
 
 
 def tile_programs(n: int, k_words: int, rows: int, group: int) -> int:
     """The tile read's programs over [N, K words]: one per box of `rows` rows by `group` K blocks."""
-    return -(-n // rows) * -(-k_words // (group * K_BLOCK_WORDS))
+    return cdiv(n, rows) * cdiv(k_words, group * K_BLOCK_WORDS)
 
 
 def _launch_tiles(x: torch.Tensor, out: torch.Tensor, rows: int, group: int, k_major: bool, warps: int) -> None:
     """_read_tiles_kernel over x [N, K words] in boxes of `rows` rows by `group` K blocks."""
     n, kw = x.shape
-    tiles_n, cols = -(-n // rows), group * K_BLOCK_WORDS
+    tiles_n, cols = cdiv(n, rows), group * K_BLOCK_WORDS
     _read_tiles_kernel[(tile_programs(n, kw, rows, group),)](
-        x, out, n, kw, tiles_n, -(-kw // cols), ROWS=rows, ROWS_P2=triton.next_power_of_2(rows), COLS=cols,
+        x, out, n, kw, tiles_n, cdiv(kw, cols), ROWS=rows, ROWS_P2=triton.next_power_of_2(rows), COLS=cols,
         COLS_P2=triton.next_power_of_2(cols), K_MAJOR=k_major, num_warps=warps)
 
 
