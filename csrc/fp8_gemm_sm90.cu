@@ -685,7 +685,8 @@ struct NarrowParams {
   __nv_bfloat16* out;
   int64_t out_stride;
   int m, n, kb, tiles_m, tiles_n, units, stages;
-  int a_box_rows;  // rows of A loaded per tile (M's rows rounded up to 16 where M < 64), both halves
+  int a_box_rows;  // rows of A loaded per tile (M's where M < 64; multicast: rounded up to 16), both halves
+  int sa_box;      // A-row scales loaded per tile: a_box_rows rounded up to 4 (whole 16-byte units)
   int multicast;   // 1: 2-CTA clusters sharing A (units are pairs of column tiles), 0: one CTA per tile
   int pdl;         // 0: a plain launch; 1: a programmatic dependent; 2: one that lets its dependents launch early
 };
@@ -727,7 +728,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 
   if (wg == 1) {
     if (__shfl_sync(0xffffffff, tid / 32, 0) == 0 && elect_one()) {
-      const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + kNarrowSABytes;
+      const uint32_t bytes = p.a_box_rows * kBK + BN * kBK + p.sa_box * 4;
       const int half = p.a_box_rows / 2;
       int s = 0;
       uint32_t phase = 0;
@@ -1140,16 +1141,18 @@ void launch_narrow(const at::Tensor& a, const at::Tensor& sa, const at::Tensor& 
   p.stages = stages;
   p.multicast = multicast ? 1 : 0;
   p.pdl = pdl;
-  // A's rows per tile: M's rounded up to 16 where M < 64 (TMA's out-of-bounds rows cost time; 16 so
-  // that each multicast half starts on a 1024-byte swizzle period). The tile's other rows keep what
-  // they held and are never stored.
-  p.a_box_rows = static_cast<int>(std::min<int64_t>(kNarrowBM, (m + 15) / 16 * 16));
+  // A's rows per tile: M's where M < 64, so that TMA fills no out-of-bounds row (those cost time); with
+  // multicast rounded up to 16, so that each half starts on a 1024-byte swizzle period. The A-row scales'
+  // box likewise, rounded up to 4 floats (a box's inner extent is whole 16-byte units). The tile's other
+  // rows and scales keep what their slot held and are never stored.
+  p.a_box_rows = static_cast<int>(std::min<int64_t>(kNarrowBM, multicast ? (m + 15) / 16 * 16 : m));
+  p.sa_box = (p.a_box_rows + 3) / 4 * 4;
   const CUtensorMap map_a = tensor_map(a.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, m, a.stride(0), kBK,
                                        multicast ? p.a_box_rows / 2 : p.a_box_rows, CU_TENSOR_MAP_SWIZZLE_128B, "a");
   const CUtensorMap map_b = tensor_map(b.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_UINT8, k, n, b.stride(0), kBK, BN,
                                        CU_TENSOR_MAP_SWIZZLE_128B, "b");
   const CUtensorMap map_sa = tensor_map(sa.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, m, kb, sa.stride(1) * 4,
-                                        kNarrowBM, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
+                                        p.sa_box, 1, CU_TENSOR_MAP_SWIZZLE_NONE, "sa");
   const int smem = narrow_smem_bytes(BN, stages);
   const void* kernel = reinterpret_cast<const void*>(fp8_gemm_sm90_narrow_kernel<BN>);
   const int fit = fit_at_once(kernel, kNarrowThreads, smem, multicast, "fp8_gemm_sm90_narrow");

@@ -365,15 +365,16 @@ def test_clusters_fit_and_a_smaller_grid_gives_the_same_bits():
 
 
 # The narrow kernel (fp8_gemm_sm90_narrow): 64 x block_n tiles for few rows. Ragged M (a partial
-# second row tile, M below the 16-row A box), N not a multiple of the tile (and odd: the last column
-# stored alone; an odd number of column tiles, so the last cluster's second CTA has none), K of 1 to
+# second row tile; below 64 rows an A box of M rows, its slot's other rows stale, and an A-scale box of M
+# rounded up to 4: 1, 5 and 13 rows; with multicast the 16-row boxes), N not a multiple of the tile (and odd: the
+# last column stored alone; an odd number of column tiles, so the last cluster's second CTA has none), K of 1 to
 # 56 blocks (odd and even counts, and 1 and 2, where the consumer's loop, unrolled by two, runs only
 # its tail), rings of 2 or 3 slots and of as many as fit, with and without A multicast, and grids
 # with more tiles than SMs (each CTA walks several, its ring running on across them).
 @pytest.mark.gpu_sm90
 @needs_ext
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (64, 7168, 2048), (100, 131, 1664),
-                                   (128, 4096, 128), (40, 520, 256), (256, 7168, 512)])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 7168), (5, 264, 640), (13, 1000, 384), (64, 7168, 2048),
+                                   (100, 131, 1664), (128, 4096, 128), (40, 520, 256), (256, 7168, 512)])
 @pytest.mark.parametrize("block_n", [32, 56, 64, 112, 128])
 @pytest.mark.parametrize("stages,multicast,pdl", [(2, False, 0), (0, False, 1), (3, True, 2), (0, True, 0)])
 def test_narrow_bit_identical_to_triton_and_guards_untouched(monkeypatch, m, n, k, block_n, stages, multicast, pdl):
