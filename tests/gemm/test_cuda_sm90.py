@@ -198,15 +198,16 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     splits = G.swap_config(64, 2048, 7168, 64, 132)[3]
     assert splits > 1 and G.narrow_refusal(a200[:64], sa200[:64], b4[:2048], sb4[:16], out200[:64, :2048]) == (
         f"the swapped kernel splits K {splits} ways and 64 tiles of 64x32 fill fewer than 0.875 of 132 SMs")
-    # 1-7 rows: 64x64 tiles in one wave where the swapped kernel would not split K; from 8 rows 64x32 tiles
-    assert G.narrow_refusal(a200[:7], sa200[:7], b4, sb4, out200[:7]) == (
-        "M=7 < 8 rows where the swapped kernel splits K 4 ways")
-    assert G.narrow_refusal(a200[:8], sa200[:8], b4, sb4, out200[:8]) is None  # 128 tiles of 64x32
-    for rows in (1, 7):
-        assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) is None  # 112 tiles of 64x64
+    # 1-7 rows (an A box of M rows) as 8-64: 128 tiles of 64x32 where the swapped kernel splits K 4 ways, 128 of
+    # 64x56 at N=7168, and grids of several tiles per CTA
+    for rows in (1, 7, 8):
+        assert G.narrow_refusal(a200[:rows], sa200[:rows], b4, sb4, out200[:rows]) is None
+        assert G.narrow_refusal(a80[:rows], sa80[:rows], b, sb, out80[:rows]) is None
     b2, sb2 = torch.empty(16384, k, dtype=torch.float8_e4m3fn), torch.empty(128, k // 128)
-    assert G.narrow_refusal(a80[:1], sa80[:1], b2, sb2, torch.empty(1, 16384, dtype=torch.bfloat16)) == (
-        "M=1 < 8 rows in 256 tiles of 64x64 over 132 SMs")
+    assert G.narrow_refusal(a80[:1], sa80[:1], b2, sb2, torch.empty(1, 16384, dtype=torch.bfloat16)) is None
+    assert G.narrow_refusal(a200[:1], sa200[:1], b4[:2048], sb4[:16], out200[:1, :2048]) == (
+        f"the swapped kernel splits K {G.swap_config(1, 2048, 7168, 1, 132)[3]} ways and 64 tiles of 64x32 fill "
+        "fewer than 0.875 of 132 SMs")
     # (128, 1024, 7168): 32 tiles, which sm90_ws splits 4 ways to fill the GPU; each narrow tile reads all of K
     assert G.narrow_refusal(a200[:128], sa200[:128], b4[:1024], sb4[:8], out200[:128, :1024]) == (
         "sm90_ws splits K 4 ways")
@@ -215,9 +216,9 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
     # up to 64 rows: 128 tiles of 64x56 in one wave, against 224 of 64x32 and 112 of 64x64, but at 16-48 rows 64x32
     assert [G.narrow_block_n(r, 7168, 132) for r in (1, 7, 8, 15, 16, 33, 48, 49, 64, 65, 80, 112, 113)] == [
         56, 56, 56, 56, 32, 32, 32, 56, 56, 112, 112, 112, 64]
-    # 128 tiles of 64x32 make one wave: they stay; 74 of 64x56 fill more SMs than 64 of 64x64; 147 would not fit
-    assert [G.narrow_block_n(r, 4096, 132) for r in (1, 8, 64)] == [56, 32, 32]
-    assert [G.narrow_block_n(r, 8192, 132) for r in (1, 8, 64)] == [64, 32, 32]
+    # 128 tiles of 64x32 make one wave: they stay; 147 of 64x56 would not fit
+    assert [G.narrow_block_n(r, 4096, 132) for r in (1, 8, 64)] == [32, 32, 32]
+    assert [G.narrow_block_n(r, 8192, 132) for r in (1, 8, 64)] == [32, 32, 32]
     # (128, 7168, 2048): over 112 rows 64x112 tiles lost to sm90_ws's 128x64
     a128, sa128, out128 = torch.empty(128, k, dtype=torch.float8_e4m3fn), torch.empty(k // 128, 128).t(), \
         torch.empty(128, n, dtype=torch.bfloat16)
@@ -251,7 +252,8 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
 @pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (33, 7168, 2048), (48, 264, 640), (128, 4096, 7168),
                                    (100, 1000, 384), (16, 7168, 2048), (20, 4096, 7168), (32, 4096, 7168),
                                    (64, 4096, 7168), (112, 7168, 2048), (80, 7000, 640), (1, 7168, 2048),
-                                   (7, 7168, 2048), (8, 4096, 7168), (5, 264, 640), (12, 7000, 640), (56, 7000, 640)])
+                                   (7, 7168, 2048), (8, 4096, 7168), (5, 264, 640), (12, 7000, 640), (56, 7000, 640),
+                                   (1, 4096, 7168), (3, 4096, 7168)])
 def test_dispatch_takes_the_narrow_kernel_for_1_to_128_rows(monkeypatch, m, n, k):
     a, sa, b, sb = _ops(m, n, k, seed=m + n)
     calls = []

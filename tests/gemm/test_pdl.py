@@ -77,9 +77,10 @@ def _late_writes_then(call, old, new, out):
 
 
 @pytest.mark.parametrize("m,n,k,kernel", [
-    (1, 4096, 7168, "swap"),  # 4 K splits, then the split reduction
-    (1, 16384, 2048, "swap"),  # unsplit (256 tiles of 64x64 would overfill the narrow kernel's one wave)
-    (4, 7168, 2048, "narrow"),  # 64x64 tiles below 8 rows
+    (1, 4096, 7168, "swap"),  # 4 K splits, then the split reduction (USE_NARROW off: it takes these rows first)
+    (1, 16384, 2048, "swap"),  # unsplit
+    (1, 4096, 7168, "narrow"),  # an A box of 1 row, where the swapped kernel would split K
+    (4, 7168, 2048, "narrow"),  # an A box of 4 rows, 64x56 tiles
     (32, 4096, 7168, "narrow"),  # where the swapped kernel would split K
     (64, 7168, 2048, "narrow"),
     (128, 4096, 7168, "narrow"),
@@ -88,6 +89,8 @@ def _late_writes_then(call, old, new, out):
     (128, 1024, 7168, "ws"),  # sm90_ws 64x64 in 4 K splits, then the split reduction
 ])
 def test_dense_decode_gemm_waits_for_the_kernel_before(monkeypatch, m, n, k, kernel):
+    if kernel == "swap":
+        monkeypatch.setattr(G, "USE_NARROW", False)
     old, new = dense_operands(m, n, k, seed=m + n), dense_operands(m, n, k, seed=m + n + 1)
     plain = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     with monkeypatch.context() as mp:

@@ -563,10 +563,9 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 
 # Dense calls of NARROW_MIN_ROWS..NARROW_MAX_ROWS rows on SM90 run the CUDA narrow kernel when the extension is built
 # (csrc/fp8_gemm_sm90.cu: 64 x narrow_block_n tiles, one consumer warpgroup, a deep ring; the same products and
-# promotion as the Triton kernel, bit-identical, unsplit): below NARROW_FEW_ROWS rows in 64x64 tiles (see there), from
-# it up to SWAP_MAX_ROWS rows in 64x32 tiles where the swapped kernel would not split K, or where it would and those
-# tiles fill at least NARROW_SPLIT_FILL of the SMs (either width giving way to 64x56 where NARROW_WAVE_BLOCK_N
-# says); above in 64x64 tiles that fill at most one wave, else, up to
+# promotion as the Triton kernel, bit-identical, unsplit): up to SWAP_MAX_ROWS rows in 64x32 tiles where the swapped
+# kernel would not split K, or where it would and those tiles fill at least NARROW_SPLIT_FILL of the SMs (giving way to
+# 64x56 where NARROW_WAVE_BLOCK_N says); above in 64x64 tiles that fill at most one wave, else, up to
 # NARROW_WIDE_MAX_ROWS rows, in 64x112 tiles (NARROW_WIDE_BLOCK_N) that do; and only where sm90_ws would not split K.
 # 64x112 is what DeepGEMM's SM90 cost model picks at (128, 7168, 2048): 128 tiles in one wave, where 64x64 makes 224
 # and sm90_ws's 128x64 112.
@@ -579,27 +578,23 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # in flight (which took 5-23 % off multi-tile 64x32 grids). The H100 of the twenty-third session
 # (bench/sm90_narrow.py, the ring depths below): 64x32 at (16, 4096, 7168) and (32, 4096, 7168), split 4 ways in
 # the swapped kernel, 13.4 and 13.6 against 14.2 and 14.9 us; at (16, 7168, 2048) and (32, 7168, 2048) 8.1 and
-# 8.2 against 8.4 and 8.6. In 64x32 tiles the A box's out-of-bounds rows cost (1 row: 15.2 against 13.5), so
-# 1-7 rows take 64x64 tiles, or the swapped kernel (below). (128, 4096, 7168)'s 128 tiles: 15.0 us against
+# 8.2 against 8.4 and 8.6. (1-7 rows: below.) (128, 4096, 7168)'s 128 tiles: 15.0 us against
 # sm90_ws 64x64's 15.3 on the H200, 14.7 against 15.9 on the H100 (twentieth session, with two chains in
 # flight); (128, 7168, 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower
 # everywhere (docs/perf.md, eighteenth to twenty-third #28 sessions).
-# Below NARROW_FEW_ROWS rows (the A box's out-of-bounds rows cost once per tile, so 64x32 tiles lose) the
-# narrow kernel takes 64x64 tiles, and only where they make one wave and the swapped kernel would not split
-# K. On the H100 with its programmatic launch (bench/sm90_narrow.py --pdl 0 2, twenty-seventh session):
-# (1, 7168, 2048) 7.05 us against the swapped kernel's 7.98 (64x32: 8.44); (1, 4096, 7168), which the
-# swapped kernel splits, keeps it (13.2; 64x64 13.0 there, but on the H200 12.0 against 10.7 as plain
-# launches). From 8 rows 64x32 tiles are as fast or faster: (8, 7168, 2048) 7.17 against 64x64's 7.14,
-# (8, 4096, 7168) 12.10 against the split swapped kernel's 13.66.
+# 1-7 rows follow the same rules since the kernel's A box holds M rows (forty-second session): with a 16-row box
+# TMA filled the rows past M, which cost 1.5-2 us in 64x32 tiles, so until then those rows took 64x64 tiles or the
+# swapped kernel. On the H100 (bench/sm90_narrow.py --pdl 2, 2 reps, us, the 16-row box then the M-row box):
+# (1, 4096, 7168) 64x32 s12 13.97 -> 11.85, where the split swapped kernel takes 13.27 and 64x64 s8 took 12.64;
+# (4, 4096, 7168) 14.15 -> 11.93 (swapped 13.46); (1, 7168, 2048) 64x32 s8 8.45 -> 6.94, 64x56 s8 6.88 -> 6.82.
 USE_NARROW = True
 NARROW_MIN_ROWS = 1
-NARROW_FEW_ROWS = 8
 NARROW_MAX_ROWS = 128
-NARROW_BLOCK_N = 32  # NARROW_FEW_ROWS..SWAP_MAX_ROWS rows; 64 above and below, or NARROW_WAVE_/WIDE_BLOCK_N (there)
+NARROW_BLOCK_N = 32  # up to SWAP_MAX_ROWS rows; 64 above, or NARROW_WAVE_/WIDE_BLOCK_N (there)
 NARROW_WIDE_BLOCK_N = 112
 # 64x56 tiles (NARROW_WAVE_BLOCK_N) replace the default width at up to SWAP_MAX_ROWS rows where they make one wave
-# and the default's tiles do not, or fill fewer SMs (N=7168 on 132 SMs: 128 tiles of 64x56 against 224 of 64x32
-# and 112 of 64x64), outside NARROW_WAVE_SKIP_ROWS. On the H100 (bench/sm90_narrow.py --block-n 32 56 64 --pdl 2,
+# and the default's tiles do not (N=7168 on 132 SMs: 128 tiles of 64x56 against 224 of 64x32), outside
+# NARROW_WAVE_SKIP_ROWS. On the H100 (bench/sm90_narrow.py --block-n 32 56 64 --pdl 2,
 # 3 reps, twenty-ninth session; us, the dispatch then against 64x56 s8): (1, 7168, 2048) 7.15 -> 6.96 (64x64),
 # (8, ...) 7.32 -> 7.07, (64, ...) 7.86 -> 7.76 (s12 7.71); at 16 and 32 rows (A boxes of 16 and 32 rows, 64x32
 # tiles two to an SM) 7.32 against 7.31 and 7.31 against 7.39, so those keep 64x32.
@@ -638,16 +633,14 @@ def ws_pdl() -> int:
 
 
 def narrow_block_n(m: int, n: int, sms: int) -> int:
-    """The narrow kernel's tile width for M rows and N columns on `sms` SMs: 64 below NARROW_FEW_ROWS,
-    NARROW_BLOCK_N up to SWAP_MAX_ROWS, either replaced by NARROW_WAVE_BLOCK_N where its tiles make one wave
-    and the default's make more or fewer (outside NARROW_WAVE_SKIP_ROWS); above 64x112 where more than `sms`
-    tiles of 64x64 would make a second wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
+    """The narrow kernel's tile width for M rows and N columns on `sms` SMs: NARROW_BLOCK_N up to
+    SWAP_MAX_ROWS, replaced by NARROW_WAVE_BLOCK_N where its tiles make one wave and the default's do not
+    (outside NARROW_WAVE_SKIP_ROWS); above 64x112 where more than `sms` tiles of 64x64 would make a second
+    wave and M is at most NARROW_WIDE_MAX_ROWS, else 64."""
     if m <= SWAP_MAX_ROWS:
-        bn = 64 if m < NARROW_FEW_ROWS else NARROW_BLOCK_N
-        tiles, wave = cdiv(n, bn), cdiv(n, NARROW_WAVE_BLOCK_N)
-        if m not in NARROW_WAVE_SKIP_ROWS and wave <= sms and (tiles > sms or tiles < wave):
+        if m not in NARROW_WAVE_SKIP_ROWS and cdiv(n, NARROW_BLOCK_N) > sms >= cdiv(n, NARROW_WAVE_BLOCK_N):
             return NARROW_WAVE_BLOCK_N
-        return bn
+        return NARROW_BLOCK_N
     if m > NARROW_WIDE_MAX_ROWS or cdiv(m, 64) * cdiv(n, 64) <= sms:
         return 64
     return NARROW_WIDE_BLOCK_N
@@ -688,13 +681,8 @@ def narrow_refusal(a, sa, b, sb, out, packed_a=False, sb_div=GRAN) -> str | None
     bn = narrow_block_n(m, n, sms)
     if m <= SWAP_MAX_ROWS:  # the swapped kernel's rows: its K splits decide
         splits, tiles = swap_config(m, n, k, m, sms)[3], cdiv(n, bn)
-        if m < NARROW_FEW_ROWS:
-            if splits > 1:
-                return f"M={m} < {NARROW_FEW_ROWS} rows where the swapped kernel splits K {splits} ways"
-            if tiles > sms:
-                return f"M={m} < {NARROW_FEW_ROWS} rows in {tiles} tiles of 64x{bn} over {sms} SMs"
         # a split grid spreads the weight's reads over more SMs; the narrow tiles must fill nearly as many
-        elif splits > 1 and tiles < NARROW_SPLIT_FILL * sms:
+        if splits > 1 and tiles < NARROW_SPLIT_FILL * sms:
             return (f"the swapped kernel splits K {splits} ways and {tiles} tiles of 64x{bn} "
                     f"fill fewer than {NARROW_SPLIT_FILL} of {sms} SMs")
     elif (tiles := cdiv(m, 64) * cdiv(n, bn)) > sms:
