@@ -583,7 +583,7 @@ def _launch_ws(mode, a, sa, b, sb, grp, cnt, e, out, packed_a, sb_div, alignment
 # flight); (128, 7168, 2048)'s 224 lost (10.8-11.8 against 8.6-10.0). 2-CTA clusters sharing A were slower
 # everywhere (docs/perf.md, eighteenth to twenty-third #28 sessions).
 # 1-7 rows follow the same rules since the kernel's A box holds M rows (forty-second session): with a 16-row box
-# TMA filled the rows past M, which cost 1.5-2 us in 64x32 tiles, so until then those rows took 64x64 tiles or the
+# TMA filled the rows past M, which cost 0.8-2.9 us in 64x32 tiles, so until then those rows took 64x64 tiles or the
 # swapped kernel. On the H100 (bench/sm90_narrow.py --pdl 2, 2 reps, us, the 16-row box then the M-row box):
 # (1, 4096, 7168) 64x32 s12 13.97 -> 11.85, where the split swapped kernel takes 13.27 and 64x64 s8 took 12.64;
 # (4, 4096, 7168) 14.15 -> 11.93 (swapped 13.46); (1, 7168, 2048) 64x32 s8 8.45 -> 6.94, 64x56 s8 6.88 -> 6.82.
