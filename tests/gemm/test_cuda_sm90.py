@@ -213,7 +213,7 @@ def test_narrow_refusal_names_each_reason_and_the_ring_follows_k(monkeypatch):
         "sm90_ws splits K 4 ways")
     # (80, 7168, 2048): 224 tiles of 64x64 would make two waves; 128 of 64x112 make one
     assert G.narrow_refusal(a80, sa80, b, sb, out80) is None
-    # up to 64 rows: 128 tiles of 64x56 in one wave, against 224 of 64x32 and 112 of 64x64, but at 16-48 rows 64x32
+    # up to 64 rows: 128 tiles of 64x56 in one wave, against 224 of 64x32, but at 16-48 rows 64x32
     assert [G.narrow_block_n(r, 7168, 132) for r in (1, 7, 8, 15, 16, 33, 48, 49, 64, 65, 80, 112, 113)] == [
         56, 56, 56, 56, 32, 32, 32, 56, 56, 112, 112, 112, 64]
     # 128 tiles of 64x32 make one wave: they stay; 147 of 64x56 would not fit
