@@ -35,15 +35,16 @@ done
 [[ $workers =~ ^[1-9][0-9]*$ ]] || { echo "bench/gpu_run.sh: --workers: '$workers' is not a positive integer" >&2; exit 2; }
 want() { [[ ",$steps," == *",$1,"* ]]; }
 
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+card=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)
+name=${card%%,*}
 if [[ -n $gpu && $name != *"$gpu"* ]]; then
   echo "bench/gpu_run.sh: --gpu $gpu: this machine's GPU is '${name:-none found}'; nothing run" >&2
   exit 3
 fi
+echo "${card:-nvidia-smi: no GPU found}"
 logs=$out/logs
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 start=$SECONDS
 python3 tools/build_ext.py ${archs:+--archs $archs} > "$logs/build.log" 2>&1 || { tail -40 "$logs/build.log"; exit 1; }
 echo "build_ext: $((SECONDS - start))s, $(stat -c %s rtp_fp8/_C.so) bytes"

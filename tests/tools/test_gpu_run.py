@@ -30,14 +30,14 @@ def sandbox(tmp_path):
          '[[ "$1" == tools/build_ext.py ]] && mkdir -p rtp_fp8 && : > rtp_fp8/_C.so\nexit 0\n')
     _exe(work / "dev", f'echo "dev $*" >> {calls}\necho "1 passed"\n')
     # every other tool the script uses, from the system
-    for tool in ("bash", "env", "mkdir", "stat", "tail", "grep", "head", "tar", "rm", "timeout", "gzip", "cat"):
+    for tool in ("bash", "env", "mkdir", "stat", "tail", "grep", "head", "tar", "rm", "timeout", "gzip"):
         found = shutil.which(tool)
         if found:
             os.symlink(found, fake / tool)
 
     def run(args, gpu="NVIDIA H100 80GB HBM3"):
         if gpu is not None:
-            _exe(fake / "nvidia-smi", f'echo "{gpu}"\n')
+            _exe(fake / "nvidia-smi", f'echo "{gpu}, 580.159.04, 1980 MHz, 3201 MHz"\n')
         elif (fake / "nvidia-smi").exists():
             (fake / "nvidia-smi").unlink()
         if calls.exists():
@@ -66,6 +66,7 @@ def _steps(logged):
 def test_default_runs_every_step_in_order(sandbox):
     proc, logged = sandbox([])
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("NVIDIA H100 80GB HBM3, 580.159.04, ")  # the card's line, printed first
     assert logged[0] == "python3 tools/build_ext.py"
     assert logged[1].startswith("python3 tools/build_deepgemm.py --env-file ")
     assert _steps(logged) == ["gpu-test", "quant", "gemm", "moe", "ws_tiles"]
